@@ -1,0 +1,237 @@
+"""Python models of the message contracts in `schemas/` (checked against them by tests/unit/test_contracts.py).
+
+Decoding is where bad input is caught: every failure is an `InvalidMessage` with a machine-readable
+`kind`, so the caller can dead-letter the original bytes with a reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import InvalidMessage
+from pipeline.topics import Tier
+
+MAX_TEXT_CHARS = 32_768
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+MAX_IMAGE_B64 = (MAX_IMAGE_BYTES + 2) // 3 * 4
+MAX_META_DEPTH = 8
+ImageMime = Literal["image/png", "image/jpeg", "image/webp"]
+Script = Literal["zh", "en", "other", "none"]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+M = TypeVar("M", bound=BaseModel)
+
+
+class Image(BaseModel):
+    """An inline image: base64 data and its MIME type."""
+
+    model_config = _STRICT
+    data: Annotated[str, Field(max_length=MAX_IMAGE_B64)]
+    mime: ImageMime
+
+    def decode(self) -> bytes:
+        """The image bytes; raises InvalidMessage(kind='bad_image') when the base64 is broken."""
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise InvalidMessage("bad_image", f"image.data is not valid base64: {e}") from e
+
+
+class Request(BaseModel):
+    """A customer message (schemas/request.v1.json)."""
+
+    model_config = _STRICT
+    id: Annotated[str, Field(min_length=1, max_length=128)]
+    text: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    user_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    image: Image | None = None
+    lang: Annotated[str, Field(min_length=1, max_length=16)] | None = None
+    ts: Annotated[int, Field(ge=0)] | None = None
+    label: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    meta: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _text_or_image(self) -> Request:
+        if not self.text and self.image is None:
+            raise ValueError("a request needs non-empty 'text' or an 'image'")
+        if self.meta is not None and _depth(self.meta) > MAX_META_DEPTH:
+            raise ValueError(f"'meta' is nested deeper than {MAX_META_DEPTH} levels")
+        return self
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if level > MAX_META_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level - 1
+
+
+class Features(BaseModel):
+    """What the router knows of a request (pipeline/features.py computes it)."""
+
+    model_config = _STRICT
+    chars: int
+    tokens: int
+    script: Script
+    lang: str
+    has_image: bool
+    image_bytes: int
+    vip: bool
+    question: bool
+    complaint: bool
+    urgent: bool
+
+
+class EscalatedFrom(BaseModel):
+    """The light tier's verdict carried along when it escalates a request."""
+
+    model_config = _STRICT
+    tier: Tier
+    intent: str
+    confidence: float
+    model: str
+    inference_ms: float
+
+
+class RoutedRequest(BaseModel):
+    """A validated request with its features and route (schemas/routed.v1.json), on a tier topic."""
+
+    model_config = _STRICT
+    request: Request
+    features: Features
+    tier: Tier
+    route_reason: str
+    degraded: bool
+    threshold_version: int
+    escalate_below: float
+    received_ms: int
+    ingested_ms: int
+    replay: bool = False
+    shadow: bool = False
+    escalated_from: EscalatedFrom | None = None
+
+
+class Timings(BaseModel):
+    model_config = _STRICT
+    ingest: float
+    queue: float
+    inference: float
+    total: float
+
+
+class Answer(BaseModel):
+    """The final answer for a request (schemas/answer.v1.json)."""
+
+    model_config = _STRICT
+    request_id: str
+    user_id: str | None
+    answer: str
+    intent: str
+    confidence: Annotated[float, Field(ge=0.0, le=1.0)]
+    tier: Tier
+    model: str
+    escalated: bool
+    degraded: bool
+    route_reason: str
+    timings_ms: Timings
+    replay: bool
+    threshold_version: int
+    lang: str | None = None
+    answered_at: int | None = None
+
+
+class Stamps(BaseModel):
+    model_config = _STRICT
+    received: int
+    ingested: int
+    dequeued: int
+    inferred: int
+    produced: int
+
+
+class Result(Answer):
+    """One model stage's full record (schemas/result.v1.json) on tierflow.results."""
+
+    final: bool
+    stage: Tier
+    shadow: bool
+    features: Features
+    timestamps: Stamps
+    batch_size: int
+    worker_id: str
+    label: str | None = None
+    light_intent: str | None = None
+    light_confidence: float | None = None
+
+    def to_answer(self) -> Answer:
+        return Answer.model_validate(self.model_dump(include=set(Answer.model_fields)))
+
+
+class Label(BaseModel):
+    """Ground truth for a request (schemas/label.v1.json)."""
+
+    model_config = _STRICT
+    request_id: Annotated[str, Field(min_length=1, max_length=128)]
+    intent: Annotated[str, Field(min_length=1)] | None = None
+    rating: Annotated[int, Field(ge=1, le=5)] | None = None
+    ts: Annotated[int, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> Label:
+        if self.intent is None and self.rating is None:
+            raise ValueError("a label needs 'intent' or 'rating'")
+        return self
+
+
+def decode_request(raw: bytes | None, max_bytes: int) -> Request:
+    """Parse and validate one request; raises InvalidMessage with the reason."""
+    if raw is None:
+        raise InvalidMessage("schema", "empty record (null value)")
+    if len(raw) > max_bytes:
+        raise InvalidMessage("oversize", f"record is {len(raw)} bytes, limit {max_bytes}")
+    try:
+        return Request.model_validate_json(raw)
+    except ValidationError as e:
+        raise InvalidMessage(*_classify(raw, e)) from None
+
+
+def decode_model(model: type[M], raw: bytes | None) -> M:
+    """Parse any contract model; raises InvalidMessage."""
+    if raw is None:
+        raise InvalidMessage("schema", "empty record (null value)")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise InvalidMessage(*_classify(raw, e)) from None
+
+
+def _classify(raw: bytes, e: ValidationError) -> tuple[str, str]:
+    first = e.errors(include_url=False)[0]
+    etype = first["type"]
+    if etype == "json_invalid":
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as ue:
+            return "encoding", f"not UTF-8: {ue.reason} at byte {ue.start}"
+        return "not_json", f"not JSON: {first['msg']}"
+    if etype == "model_type" or etype == "model_attributes_type":
+        return "schema", "a request must be a JSON object"
+    loc = ".".join(str(p) for p in first["loc"]) or "(root)"
+    if etype == "string_too_long" and loc in ("text", "image.data"):
+        return "oversize", f"{loc}: {first['msg']}"
+    return "schema", f"{loc}: {first['msg']}" + (f" ({e.error_count()} errors)" if e.error_count() > 1 else "")
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON bytes for a model or a plain dict (orjson: the hot paths' serializer)."""
+    if isinstance(obj, BaseModel):
+        return orjson.dumps(obj.model_dump(mode="json"))
+    return orjson.dumps(obj)

