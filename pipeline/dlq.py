@@ -1,0 +1,41 @@
+"""Dead letters: the original bytes, unchanged, with the reason in headers (schemas/dlq.v1.json)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Message, Producer
+
+from pipeline import metrics
+from pipeline.kafka import produce
+
+MAX_REASON_CHARS = 1000
+
+
+def dlq_headers(msg: Message, kind: str, reason: str, stage: str) -> list[tuple[str, bytes]]:
+    """The headers that explain a dead letter; the source's own headers are kept after them."""
+    own = [
+        ("x-error", reason[:MAX_REASON_CHARS].encode("utf-8", "replace")),
+        ("x-error-kind", kind.encode()),
+        ("x-source-topic", (msg.topic() or "").encode()),
+        ("x-source-partition", str(msg.partition()).encode()),
+        ("x-source-offset", str(msg.offset()).encode()),
+        ("x-stage", stage.encode()),
+        ("x-failed-at", str(int(time.time() * 1000)).encode()),
+    ]
+    src = [(k, v) for k, v in (msg.headers() or []) if not k.startswith("x-")]
+    return own + src  # type: ignore[list-item]
+
+
+def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: str, stage: str,
+           on_delivery: Any = None) -> None:
+    """Send `msg` (its original key and value) to the dead-letter topic with the reason."""
+    metrics.DLQ.labels(stage, kind).inc()
+    produce(producer, dlq_topic, msg.value() or b"", key=msg.key(), headers=dlq_headers(msg, kind, reason, stage),
+            on_delivery=on_delivery)
+
+
+def headers_dict(msg: Message) -> dict[str, str]:
+    """A record's headers as text (the last value wins), for readers of the DLQ."""
+    return {k: (v or b"").decode("utf-8", "replace") for k, v in (msg.headers() or [])}

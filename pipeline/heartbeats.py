@@ -1,0 +1,104 @@
+"""Worker heartbeats in Redis: each worker writes its health with a TTL; ingest reads a tier's.
+
+Key: `<prefix>hb:<tier>:<worker_id>` -> JSON {ts, lag, p95_ms, processed, model, device}, expiring
+after `heartbeat_ttl_s`, so a killed worker disappears by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from pipeline import metrics
+from pipeline.health import Observation
+
+
+def hb_key(prefix: str, tier: str, worker_id: str) -> str:
+    return f"{prefix}hb:{tier}:{worker_id}"
+
+
+def fault_key(prefix: str, tier: str) -> str:
+    """Injected latency for a tier (chaos testing: `tierflow fault latency`)."""
+    return f"{prefix}fault:latency_ms:{tier}"
+
+
+def read_heartbeats(r: redis.Redis, prefix: str, tier: str) -> list[dict[str, Any]]:
+    keys = list(r.scan_iter(match=f"{prefix}hb:{tier}:*", count=100))
+    if not keys:
+        return []
+    return [orjson.loads(v) for v in r.mget(keys) if v is not None]
+
+
+def observe(r: redis.Redis, prefix: str, tier: str) -> Observation:
+    """One tier's health now, from its live workers' heartbeats."""
+    beats = read_heartbeats(r, prefix, tier)
+    return Observation(
+        workers=len(beats),
+        lag=sum(int(b.get("lag", 0)) for b in beats),
+        p95_ms=max((float(b.get("p95_ms", 0.0)) for b in beats), default=0.0),
+    )
+
+
+class LatencyWindow:
+    """The last `size` latencies (ms) seen by this worker, for its heartbeat's p95."""
+
+    def __init__(self, size: int = 512, horizon_s: float = 10.0) -> None:
+        self._items: deque[tuple[float, float]] = deque(maxlen=size)
+        self.horizon_s = horizon_s
+
+    def add(self, ms: float) -> None:
+        self._items.append((time.monotonic(), ms))
+
+    def p95(self) -> float:
+        cutoff = time.monotonic() - self.horizon_s
+        recent = sorted(ms for t, ms in list(self._items) if t >= cutoff)
+        if not recent:
+            return 0.0
+        return recent[min(len(recent) - 1, int(0.95 * len(recent)))]
+
+
+class Heartbeat:
+    """A thread that writes this worker's heartbeat every `interval_s` (Redis errors are survived)."""
+
+    def __init__(self, r: redis.Redis, prefix: str, tier: str, worker_id: str, interval_s: float,
+                 ttl_s: float, status: Callable[[], dict[str, Any]]) -> None:
+        self.r, self.key, self.tier, self.worker_id = r, hb_key(prefix, tier, worker_id), tier, worker_id
+        self.fault_key = fault_key(prefix, tier)
+        self.interval_s, self.ttl_ms, self.status = interval_s, int(ttl_s * 1000), status
+        self.injected_latency_ms = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        body = {"ts": time.time(), "worker": self.worker_id, **self.status()}
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.set(self.key, orjson.dumps(body), px=self.ttl_ms)
+            pipe.get(self.fault_key)
+            _, fault = pipe.execute()
+            self.injected_latency_ms = float(fault) if fault else 0.0
+            metrics.WORKER_UP.labels(self.tier, self.worker_id).set(body["ts"])
+        except (redis.RedisError, OSError):
+            metrics.REDIS_ERRORS.labels("heartbeat").inc()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.r.delete(self.key)  # leave at once rather than after the TTL
+        except (redis.RedisError, OSError):
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()

@@ -1,0 +1,218 @@
+"""The ingest agent: requests -> validate -> features -> route -> tier topic | DLQ.
+
+One synchronous confluent-kafka loop per process (scale by partitions). Offsets are committed only
+after every record produced for a batch was acknowledged, so a crash re-reads rather than loses.
+The routed record embeds the request's original JSON bytes (already validated) instead of
+re-serialising it: that keeps the per-message cost to parsing, features and one small dumps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import orjson
+import redis
+from confluent_kafka import KafkaError, Message
+
+from pipeline import features, metrics
+from pipeline.contracts import MAX_IMAGE_BYTES, decode_request
+from pipeline.dlq import to_dlq
+from pipeline.errors import InvalidMessage
+from pipeline.health import HealthLimits, HealthState, assess
+from pipeline.heartbeats import observe
+from pipeline.kafka import DeliveryTracker, make_consumer, make_producer, next_offsets, produce, rewind, topics_of
+from pipeline.routing import HEALTHY, TierHealth, in_sample, route
+from pipeline.settings import Settings
+from pipeline.thresholds import ThresholdCache, Thresholds, ThresholdStore
+from pipeline.topics import Tier
+
+log = logging.getLogger(__name__)
+
+_IMAGE_MAGIC = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/webp": (b"RIFF",),
+}
+
+
+def check_image(data: bytes, mime: str) -> None:
+    """Cheap checks at the edge: size and magic bytes. Full decoding (pixel limits) is the worker's."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise InvalidMessage("oversize", f"image is {len(data)} bytes decoded, limit {MAX_IMAGE_BYTES}")
+    if not data.startswith(_IMAGE_MAGIC[mime]) or (mime == "image/webp" and data[8:12] != b"WEBP"):
+        raise InvalidMessage("bad_image", f"image.data is not a {mime} image")
+
+
+class HealthMonitor:
+    """Ingest's view of the heavy tier, from heavy workers' heartbeats, refreshed in the background."""
+
+    def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, interval_s: float = 0.25) -> None:
+        self.r, self.prefix, self.cache, self.interval_s = r, prefix, cache, interval_s
+        self.state = HealthState(HEALTHY)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+
+    @property
+    def health(self) -> TierHealth:
+        return self.state.health
+
+    def start(self) -> HealthMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self) -> None:
+        th = self.cache.current
+        try:
+            obs = observe(self.r, self.prefix, Tier.HEAVY)
+        except (redis.RedisError, OSError):
+            return  # no news is no change: keep the last verdict while Redis is away
+        lim = HealthLimits(th.heavy_slo_p95_ms, th.degrade_lag, th.recover_ratio, th.recover_after_s)
+        new = assess(self.state, obs, lim, time.monotonic())
+        if new.health != self.state.health:
+            log.warning("heavy tier %s (workers=%d lag=%d p95=%.0fms)",
+                        "healthy again" if new.health.heavy_ok else f"unhealthy: {new.health.reason}",
+                        obs.workers, obs.lag, obs.p95_ms)
+        self.state = new
+        metrics.HEAVY_HEALTHY.set(1 if new.health.heavy_ok else 0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.check()
+
+
+@dataclass
+class IngestStats:
+    consumed: int = 0
+    routed: int = 0
+    dead: int = 0
+
+
+class Ingest:
+    """The ingest loop. `run()` until `stop()`; `step()` processes one consumed batch."""
+
+    def __init__(self, settings: Settings, r: redis.Redis | None = None, health_checks: bool = True) -> None:
+        self.s = settings
+        self.topics = topics_of(settings)
+        self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.store = ThresholdStore(self.r, settings.redis_prefix)
+        self.cache = ThresholdCache(self.store, component="ingest")
+        self.monitor = HealthMonitor(self.r, settings.redis_prefix, self.cache) if health_checks else None
+        self.consumer = make_consumer(settings, settings.group("ingest"))
+        self.producer = make_producer(settings)
+        self.delivery = DeliveryTracker()
+        self.stats = IngestStats()
+        self._stop = threading.Event()
+        self._sources = [self.topics.requests]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.cache.start()
+        if self.monitor:
+            self.monitor.start()
+        self.consumer.subscribe(self._sources, on_revoke=self._on_revoke)
+        log.info("ingest: consuming %s (thresholds v%d%s)", ", ".join(self._sources), self.cache.current.version,
+                 ", Redis unavailable: defaults" if self.cache.stale else "")
+        try:
+            while not self._stop.is_set():
+                self.step(timeout=0.1)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.cache.stop()
+        if self.monitor:
+            self.monitor.stop()
+        self.producer.flush(self.s.flush_timeout_s)
+        self.consumer.close()
+
+    def _on_revoke(self, consumer: object, partitions: list[object]) -> None:
+        # Everything consumed so far was flushed and committed inside step(); nothing to do but note it.
+        log.debug("ingest: partitions revoked: %s", partitions)
+
+    def step(self, timeout: float = 0.1) -> int:
+        """Consume one batch, route it, flush, commit. Returns the number of records consumed."""
+        msgs = self.consumer.consume(self.s.ingest_batch, timeout)
+        if not msgs:
+            return 0
+        t0 = time.perf_counter()
+        th = self.cache.current
+        health = self.monitor.health if self.monitor else HEALTHY
+        now_ms = int(time.time() * 1000)
+        good: list[Message] = []
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    metrics.BROKER_ERRORS.labels("ingest", err.name()).inc()
+                    log.warning("ingest: consume error: %s", err)
+                continue
+            good.append(msg)
+            self._route_one(msg, th, health, now_ms)
+        self.producer.flush(self.s.flush_timeout_s)
+        if self.delivery.failed:
+            log.warning("ingest: %d records not delivered (%s); re-processing the batch",
+                        self.delivery.failed, "; ".join(self.delivery.errors))
+            self.delivery.reset()
+            rewind(self.consumer, good)
+            time.sleep(0.5)
+            return len(msgs)
+        if good:
+            self.consumer.commit(offsets=next_offsets(good), asynchronous=False)
+        metrics.REQUESTS_IN.labels("live").inc(len(good))
+        metrics.ROUTE_SECONDS.observe(time.perf_counter() - t0)
+        self.stats.consumed += len(good)
+        return len(msgs)
+
+    def _route_one(self, msg: Message, th: Thresholds, health: TierHealth, now_ms: int) -> None:
+        raw = msg.value()
+        try:
+            req = decode_request(raw, self.s.max_message_bytes)
+            image_bytes = 0
+            if req.image is not None:
+                data = req.image.decode()
+                check_image(data, req.image.mime)
+                image_bytes = len(data)
+        except InvalidMessage as e:
+            to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest", self.delivery)
+            self.stats.dead += 1
+            return
+        feats = features.extract(req, vip=self.cache.is_vip(req.user_id), image_bytes=image_bytes)
+        r = route(feats, th.length_threshold, health)
+        ts_type, ts = msg.timestamp()
+        received = ts if ts_type != 0 and ts > 0 else (req.ts or now_ms)
+        key = msg.key() or (req.user_id or req.id).encode()
+        tail = {
+            "features": feats,
+            "tier": r.tier.value,
+            "route_reason": r.reason,
+            "degraded": r.degraded,
+            "threshold_version": th.version,
+            "escalate_below": th.escalate_below,
+            "received_ms": received,
+            "ingested_ms": now_ms,
+            "replay": False,
+            "shadow": False,
+        }
+        produce(self.producer, self.topics.tier(r.tier), _routed(raw, tail), key, on_delivery=self.delivery)
+        metrics.ROUTED.labels(r.tier.value, r.reason).inc()
+        if r.degraded:
+            metrics.DEGRADED.labels(r.reason).inc()
+        if r.tier is Tier.LIGHT and not r.degraded and in_sample(req.id, th.shadow_rate):
+            tail.update(shadow=True, tier=Tier.HEAVY.value, route_reason="shadow")
+            produce(self.producer, self.topics.tier(Tier.HEAVY), _routed(raw, tail), key,
+                    on_delivery=self.delivery)
+            metrics.SHADOWED.inc()
+        self.stats.routed += 1
+
+
+def _routed(raw: bytes | None, tail: dict[str, object]) -> bytes:
+    """schemas/routed.v1.json bytes: the validated request's own JSON, then the routing fields."""
+    return b'{"request":' + (raw or b"{}") + b"," + orjson.dumps(tail)[1:]

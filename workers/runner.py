@@ -1,0 +1,264 @@
+"""The worker loop: batch -> predict -> results / answers / escalations -> flush -> commit.
+
+At-least-once: offsets are committed only after every produced record was acknowledged; a crash
+re-processes at most the batch in flight (answer consumers dedupe by request id). With
+`exactly_once` (Apache Kafka) outputs and offsets commit in one transaction instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+from confluent_kafka import Message, Producer
+
+from pipeline import metrics
+from pipeline.contracts import RoutedRequest, decode_model
+from pipeline.dlq import to_dlq
+from pipeline.errors import InvalidMessage
+from pipeline.heartbeats import Heartbeat, LatencyWindow
+from pipeline.kafka import (
+    DeliveryTracker,
+    lag_of,
+    make_consumer,
+    make_producer,
+    next_offsets,
+    produce,
+    rewind,
+    topics_of,
+)
+from pipeline.routing import should_escalate
+from pipeline.settings import Settings
+from pipeline.topics import Tier
+from workers.batching import collect_batch
+from workers.model import InferenceModel, Item, Prediction, checked_predict
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(requested: str, tier: Tier) -> str:
+    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; says so when a GPU was wanted but is absent."""
+    if requested not in ("auto", "cuda") and not requested.startswith("cuda:"):
+        return requested
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda" if requested == "auto" else requested
+    except ImportError:
+        pass
+    log.warning("%s worker: no CUDA device visible; running on CPU", tier.value)
+    return "cpu"
+
+
+@dataclass
+class WorkerStats:
+    batches: int = 0
+    processed: int = 0
+    answered: int = 0
+    escalated: int = 0
+    dead: int = 0
+
+
+class Worker:
+    """One worker process of a tier. `run()` until `stop()`."""
+
+    def __init__(self, settings: Settings, tier: Tier, model: InferenceModel, device: str = "cpu",
+                 worker_id: str | None = None, r: redis.Redis | None = None) -> None:
+        self.s, self.tier, self.model, self.device = settings, tier, model, device
+        self.topics = topics_of(settings)
+        self.worker_id = worker_id or f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
+        self.max_batch, self.max_wait_s = settings.batching(tier.value)
+        self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.consumer = make_consumer(settings, settings.group(f"workers-{tier.value}"))
+        self.transactional = settings.exactly_once
+        extra = {"transactional.id": f"tierflow-{self.worker_id}"} if self.transactional else {}
+        self.producer: Producer = make_producer(settings, **extra)
+        self.delivery = DeliveryTracker()
+        self.latency = LatencyWindow()
+        self.stats = WorkerStats()
+        self.lag = 0
+        self.heartbeat: Heartbeat | None = None
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def setup(self) -> None:
+        t0 = time.perf_counter()
+        self.model.setup(self.device)
+        log.info("%s: %s ready on %s in %.1fs", self.worker_id, self.model.name, self.device,
+                 time.perf_counter() - t0)
+        if self.transactional:
+            self.producer.init_transactions(30)
+
+    def status(self) -> dict[str, Any]:
+        return {"lag": self.lag, "p95_ms": self.latency.p95(), "processed": self.stats.processed,
+                "model": self.model.name, "device": self.device, "tier": self.tier.value}
+
+    def run(self) -> None:
+        self.setup()
+        self.consumer.subscribe([self.topics.tier(self.tier)])
+        self.heartbeat = Heartbeat(self.r, self.s.redis_prefix, self.tier.value, self.worker_id,
+                                   self.s.heartbeat_interval_s, self.s.heartbeat_ttl_s, self.status).start()
+        try:
+            while not self._stop.is_set():
+                self.step()
+        finally:
+            self.heartbeat.stop()
+            self.producer.flush(self.s.flush_timeout_s)
+            self.consumer.close()
+
+    # --- one batch ---
+    def step(self) -> int:
+        msgs = collect_batch(self.consumer, self.max_batch, self.max_wait_s)
+        if not msgs:
+            self.lag = lag_of(self.consumer)
+            return 0
+        if self.transactional:
+            self.producer.begin_transaction()
+        dequeued = _now_ms()
+        routed: list[tuple[Message, RoutedRequest, Item]] = []
+        for msg in msgs:
+            try:
+                rr = decode_model(RoutedRequest, msg.value())
+                image = rr.request.image.decode() if rr.request.image is not None else None
+                routed.append((msg, rr, Item(rr.request.text or "", rr.features.lang, image)))
+            except InvalidMessage as e:
+                self._dead(msg, e.kind, e.reason)
+        t0 = time.perf_counter()
+        preds = self._predict(routed)
+        injected = self.heartbeat.injected_latency_ms if self.heartbeat else 0.0
+        if injected > 0 and routed:  # chaos: `tierflow fault latency` slows every batch of this tier
+            time.sleep(injected / 1000.0)
+        infer_ms = (time.perf_counter() - t0) * 1000.0
+        per_item_ms = infer_ms / max(1, len(routed))
+        inferred = _now_ms()
+        metrics.BATCH_SIZE.labels(self.tier.value).observe(len(routed))
+        for (msg, rr, _), pred in zip(routed, preds, strict=True):
+            if pred is not None:
+                self._emit(msg, rr, pred, per_item_ms, len(routed), dequeued, inferred)
+        return self._finish(msgs)
+
+    def _predict(self, routed: list[tuple[Message, RoutedRequest, Item]]) -> list[Prediction | None]:
+        """Predict the batch; on failure retry item by item and dead-letter what still fails."""
+        if not routed:
+            return []
+        items = [it for _, _, it in routed]
+        try:
+            return list(checked_predict(self.model, items))
+        except Exception as e:  # noqa: BLE001 - any backend failure falls back to per-item retries
+            log.warning("%s: batch of %d failed (%s); retrying item by item", self.worker_id, len(items), e)
+        out: list[Prediction | None] = []
+        for msg, _, item in routed:
+            try:
+                out.append(checked_predict(self.model, [item])[0])
+            except InvalidMessage as e:
+                self._dead(msg, e.kind, e.reason)
+                out.append(None)
+            except Exception as e:  # noqa: BLE001
+                self._dead(msg, "model_error", f"{self.model.name}: {e.__class__.__name__}: {e}")
+                out.append(None)
+        return out
+
+    def _emit(self, msg: Message, rr: RoutedRequest, pred: Prediction, infer_ms: float, batch: int,
+              dequeued: int, inferred: int) -> None:
+        req = rr.request
+        key = msg.key()
+        esc = rr.escalated_from
+        escalate = (self.tier is Tier.LIGHT and not rr.shadow and esc is None and not rr.degraded
+                    and should_escalate(pred.confidence, rr.escalate_below))
+        final = not escalate and not rr.shadow
+        produced = _now_ms()
+        total_ms = max(0, produced - rr.received_ms)
+        answer = {
+            "request_id": req.id,
+            "user_id": req.user_id,
+            "answer": pred.answer,
+            "intent": pred.intent,
+            "confidence": min(1.0, max(0.0, float(pred.confidence))),
+            "tier": self.tier.value,
+            "model": pred.model,
+            "escalated": esc is not None,
+            "degraded": rr.degraded,
+            "route_reason": rr.route_reason,
+            "timings_ms": {
+                "ingest": max(0, rr.ingested_ms - rr.received_ms),
+                "queue": max(0, dequeued - rr.ingested_ms),
+                "inference": round(infer_ms + (esc.inference_ms if esc else 0.0), 3),
+                "total": total_ms,
+            },
+            "replay": rr.replay,
+            "threshold_version": rr.threshold_version,
+            "lang": rr.features.lang,
+            "answered_at": produced,
+        }
+        result = dict(answer)
+        result.update(
+            final=final,
+            stage=self.tier.value,
+            shadow=rr.shadow,
+            features=rr.features.model_dump(),
+            timestamps={"received": rr.received_ms, "ingested": rr.ingested_ms, "dequeued": dequeued,
+                        "inferred": inferred, "produced": produced},
+            batch_size=batch,
+            worker_id=self.worker_id,
+            label=req.label,
+            light_intent=esc.intent if esc else None,
+            light_confidence=esc.confidence if esc else None,
+        )
+        if escalate:
+            result["answer"] = ""
+        produce(self.producer, self.topics.results, orjson.dumps(result), key, on_delivery=self.delivery)
+        self.stats.processed += 1
+        metrics.INFERENCE_SECONDS.labels(self.tier.value, pred.model).observe(infer_ms / 1000.0)
+        metrics.QUEUE_SECONDS.labels(self.tier.value).observe(max(0, dequeued - rr.ingested_ms) / 1000.0)
+        if escalate:
+            up = rr.model_dump(mode="json")
+            up.update(tier=Tier.HEAVY.value, route_reason=f"{rr.route_reason}:escalated",
+                      escalated_from={"tier": self.tier.value, "intent": pred.intent,
+                                      "confidence": float(pred.confidence), "model": pred.model,
+                                      "inference_ms": round(infer_ms, 3)})
+            produce(self.producer, self.topics.tier(Tier.HEAVY), orjson.dumps(up), key, on_delivery=self.delivery)
+            metrics.ESCALATED.labels(pred.model).inc()
+            self.stats.escalated += 1
+        elif final:
+            produce(self.producer, self.topics.answers, orjson.dumps(answer), key, on_delivery=self.delivery)
+            self.latency.add(total_ms)
+            metrics.ANSWERS.labels(self.tier.value, pred.model).inc()
+            metrics.END_TO_END_SECONDS.labels(self.tier.value, pred.model).observe(total_ms / 1000.0)
+            self.stats.answered += 1
+
+    def _dead(self, msg: Message, kind: str, reason: str) -> None:
+        to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery)
+        self.stats.dead += 1
+
+    def _finish(self, msgs: list[Message]) -> int:
+        """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
+        self.stats.batches += 1
+        if self.transactional:
+            self.producer.send_offsets_to_transaction(next_offsets(msgs), self.consumer.consumer_group_metadata())
+            self.producer.commit_transaction()
+        else:
+            self.producer.flush(self.s.flush_timeout_s)
+            if self.delivery.failed:
+                log.warning("%s: %d records not delivered (%s); re-processing the batch", self.worker_id,
+                            self.delivery.failed, "; ".join(self.delivery.errors))
+                self.delivery.reset()
+                rewind(self.consumer, msgs)
+                time.sleep(0.5)
+                return len(msgs)
+            self.consumer.commit(offsets=next_offsets(msgs), asynchronous=False)
+        self.lag = lag_of(self.consumer)
+        return len(msgs)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
