@@ -11,7 +11,7 @@ import binascii
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from pipeline.errors import InvalidMessage
 from pipeline.topics import Tier
@@ -25,6 +25,7 @@ Script = Literal["zh", "en", "other", "none"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 M = TypeVar("M", bound=BaseModel)
+_WIRE = {"wire": True}
 
 
 class Image(BaseModel):
@@ -54,6 +55,16 @@ class Request(BaseModel):
     ts: Annotated[int, Field(ge=0)] | None = None
     label: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     meta: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any, info: ValidationInfo) -> Any:
+        # On the wire, optional means "may be absent", as in the schema: an explicit null is a producer bug.
+        if isinstance(data, dict) and info.context and info.context.get("wire"):
+            nulls = [k for k, v in data.items() if v is None]
+            if nulls:
+                raise ValueError(f"{', '.join(map(str, nulls))}: null is not allowed (omit the field)")
+        return data
 
     @model_validator(mode="after")
     def _text_or_image(self) -> Request:
@@ -198,7 +209,7 @@ def decode_request(raw: bytes | None, max_bytes: int) -> Request:
     if len(raw) > max_bytes:
         raise InvalidMessage("oversize", f"record is {len(raw)} bytes, limit {max_bytes}")
     try:
-        return Request.model_validate_json(raw)
+        return Request.model_validate_json(raw, context=_WIRE)
     except ValidationError as e:
         raise InvalidMessage(*_classify(raw, e)) from None
 

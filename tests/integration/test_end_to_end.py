@@ -1,0 +1,161 @@
+"""One request end to end through a real broker, real Redis and the real packaged models."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from pipeline.contracts import Answer, Result
+from pipeline.dlq import headers_dict
+from pipeline.ingest import Ingest
+from pipeline.kafka import topics_of
+from pipeline.samples import render_png
+from pipeline.settings import Settings
+from pipeline.topics import Tier
+from schemas import validator
+from tests.conftest import Running
+from tests.integration.helpers import drain, produce_all, reader, values
+from workers.model import InferenceModel
+from workers.runner import Worker
+
+pytestmark = pytest.mark.integration
+
+PNG = base64.b64encode(render_png("CARD DECLINED")).decode()
+
+MALFORMED: list[bytes | None] = [
+    b"not json at all",
+    b"\xff\xfe\x00garbage",
+    b"[1, 2, 3]",
+    b'{"text": "no id"}',
+    b'{"id": "", "text": "empty id"}',
+    orjson.dumps({"id": "x" * 129, "text": "id too long"}),
+    orjson.dumps({"id": "big", "text": "y" * 32_769}),
+    b'{"id": "nothing"}',
+    b'{"id": "t", "text": 42}',
+    b'{"id": "u", "text": "hi", "unknown": true}',
+    orjson.dumps({"id": "b64", "text": "hi", "image": {"data": "@@not-base64@@", "mime": "image/png"}}),
+    orjson.dumps({"id": "mime", "image": {"data": PNG, "mime": "image/gif"}}),
+    orjson.dumps({"id": "magic", "image": {"data": base64.b64encode(b"GIF89a....").decode(), "mime": "image/png"}}),
+    None,
+    orjson.dumps({"id": "deep", "text": "hi", "meta": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": 1}}}}}}}}}}),
+    b'{"id": "neg", "text": "hi", "ts": -5}',
+    b'{"id": "lab", "text": "hi", "label": ""}',
+    b'{"id": "uid", "text": "hi", "user_id": 7}',
+    orjson.dumps({"id": "nomime", "image": {"data": PNG}}),
+    b'{"id": "nul", "text": null}',
+]
+
+
+def valid_requests(n: int) -> list[dict[str, object]]:
+    texts = [
+        "My card has not arrived yet",
+        "How do I change my PIN?",
+        "I was charged twice for the same purchase at the supermarket yesterday, please refund one of them now",
+        "我的卡还没到",
+        "为什么我的转账还没有到账？已经三天了，请帮我查一下是怎么回事，谢谢。",
+        "What is the exchange rate?",
+    ]
+    out: list[dict[str, object]] = []
+    for i in range(n):
+        req: dict[str, object] = {"id": f"req-{i}", "text": texts[i % len(texts)], "user_id": f"u{i % 97}"}
+        if i % 200 == 7:
+            req["image"] = {"data": PNG, "mime": "image/png"}
+        out.append(req)
+    return out
+
+
+@pytest.fixture(scope="session")
+def packaged_models(services: Settings) -> dict[Tier, InferenceModel]:
+    """The real per-tier models from the packaged artefacts, set up once per run."""
+    from workers.models.registry import tier_model
+
+    models = {t: tier_model(services, t) for t in Tier}
+    for m in models.values():
+        m.setup("cpu")
+    return models
+
+
+def start_pipeline(settings: Settings, running: Running, models: dict[Tier, InferenceModel]) -> None:
+    running.start(Ingest(settings))
+    for tier, model in models.items():
+        running.start(Worker(settings, tier, model))
+
+
+def test_thousand_requests_one_answer_each_and_malformed_to_dlq(
+    settings_factory: Callable[..., Settings], running: Running, packaged_models: dict[Tier, InferenceModel]
+) -> None:
+    s = settings_factory()
+    t = topics_of(s)
+    start_pipeline(s, running, packaged_models)
+    reqs = valid_requests(1000)
+    answers_c, dlq_c, results_c = reader(s, t.answers), reader(s, t.dlq), reader(s, t.results)
+    produce_all(s, t.requests, [orjson.dumps(r) for r in reqs] + MALFORMED)
+
+    answers = drain(answers_c, lambda ms: len(ms) >= 1000, timeout=240, settle=2.0)
+    dead = drain(dlq_c, lambda ms: len(ms) >= 20, timeout=30, settle=1.0)
+    results = drain(results_c, lambda ms: sum(1 for v in values(ms) if v["final"]) >= 1000, timeout=30)
+
+    ids = Counter(a["request_id"] for a in values(answers))
+    assert len(answers) == 1000, f"{len(answers)} answers"
+    assert set(ids) == {r["id"] for r in reqs}
+    assert max(ids.values()) == 1
+
+    for a in values(answers):
+        Answer.model_validate(a)
+        validator("answer").validate(a)
+    tiers = Counter(a["tier"] for a in values(answers))
+    assert tiers[Tier.MULTIMODAL.value] == 5
+    assert tiers[Tier.LIGHT.value] > 0 and tiers[Tier.HEAVY.value] > 0
+    zh = [a for a in values(answers) if a["lang"] == "zh"]
+    assert zh and all(any("\u4e00" <= ch <= "\u9fff" for ch in a["answer"]) for a in zh)
+
+    for r in values(results):
+        Result.model_validate(r)
+        validator("result").validate(r)
+
+    assert len(dead) == 20
+    originals = {m: True for m in MALFORMED}
+    dlq_validator = validator("dlq")
+    for m in dead:
+        h = headers_dict(m)
+        dlq_validator.validate(h)
+        assert h["x-source-topic"] == t.requests
+        assert (m.value() or None) in originals or m.value() == b""
+    kinds = Counter(headers_dict(m)["x-error-kind"] for m in dead)
+    assert kinds["not_json"] >= 1 and kinds["encoding"] == 1 and kinds["oversize"] == 1 and kinds["bad_image"] >= 2
+    for c in (answers_c, dlq_c, results_c):
+        c.close()
+
+
+def test_routing_rules_on_the_wire(
+    settings_factory: Callable[..., Settings], running: Running, packaged_models: dict[Tier, InferenceModel]
+) -> None:
+    """Short -> light, long -> heavy, VIP -> heavy, image -> multimodal; answers say why."""
+    import redis
+
+    from pipeline.thresholds import ThresholdStore
+
+    s = settings_factory()
+    t = topics_of(s)
+    ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).vip_add("vip-1")
+    start_pipeline(s, running, packaged_models)
+    c = reader(s, t.answers)
+    reqs = [
+        {"id": "short", "text": "I lost my card"},
+        {"id": "long", "text": "I ordered a new card three weeks ago and it still has not arrived, what should I do?"},
+        {"id": "vip", "text": "card lost", "user_id": "vip-1"},
+        {"id": "img", "text": "see photo", "image": {"data": PNG, "mime": "image/png"}},
+    ]
+    time.sleep(1.0)  # the threshold cache picks up the VIP set on its first refresh
+    produce_all(s, t.requests, [orjson.dumps(r) for r in reqs])
+    got = {a["request_id"]: a for a in values(drain(c, lambda ms: len(ms) >= 4, timeout=120))}
+    c.close()
+    assert got["short"]["route_reason"].startswith("short")
+    assert got["long"]["tier"] == "heavy" and got["long"]["route_reason"] == "length"
+    assert got["vip"]["tier"] == "heavy" and got["vip"]["route_reason"] == "vip"
+    assert got["img"]["tier"] == "multimodal" and got["img"]["route_reason"] == "image"

@@ -1,0 +1,52 @@
+"""Heavy-tier health with hysteresis: degrade at once, recover only after a calm dwell time."""
+
+from __future__ import annotations
+
+from pipeline.health import HealthLimits, HealthState, Observation, assess
+from pipeline.routing import HEALTHY
+
+LIM = HealthLimits(slo_p95_ms=1000, degrade_lag=1000, recover_ratio=0.5, recover_after_s=3.0)
+
+
+def test_each_signal_degrades() -> None:
+    ok = HealthState(HEALTHY)
+    assert assess(ok, Observation(0, 0, 0), LIM, 0).health.reason == "no_workers"
+    assert assess(ok, Observation(1, 1001, 0), LIM, 0).health.reason == "lag"
+    assert assess(ok, Observation(1, 0, 1500), LIM, 0).health.reason == "slow"
+    assert assess(ok, Observation(1, 900, 900), LIM, 0).health.heavy_ok
+
+
+def test_recovery_needs_calm_for_the_dwell_time() -> None:
+    st = assess(HealthState(HEALTHY), Observation(1, 0, 2000), LIM, 0.0)
+    assert not st.health.heavy_ok
+    # Under the SLO but above the recovery level: still degraded (no flapping at the boundary).
+    st = assess(st, Observation(1, 0, 900), LIM, 1.0)
+    assert not st.health.heavy_ok
+    st = assess(st, Observation(1, 0, 400), LIM, 2.0)
+    assert not st.health.heavy_ok
+    st = assess(st, Observation(1, 0, 400), LIM, 4.0)
+    assert not st.health.heavy_ok
+    st = assess(st, Observation(1, 0, 400), LIM, 5.0)
+    assert st.health.heavy_ok
+
+
+def test_a_relapse_restarts_the_dwell_time() -> None:
+    st = assess(HealthState(HEALTHY), Observation(1, 5000, 0), LIM, 0.0)
+    st = assess(st, Observation(1, 10, 10), LIM, 1.0)
+    st = assess(st, Observation(1, 800, 10), LIM, 2.0)  # not calm: above recovery level
+    st = assess(st, Observation(1, 10, 10), LIM, 3.5)
+    assert not st.health.heavy_ok
+    st = assess(st, Observation(1, 10, 10), LIM, 6.5)
+    assert st.health.heavy_ok
+
+
+def test_oscillating_signal_does_not_flap() -> None:
+    st = HealthState(HEALTHY)
+    flips, prev = 0, True
+    for i in range(100):
+        p95 = 1100 if i % 2 else 950  # hovering around the SLO
+        st = assess(st, Observation(1, 0, p95), LIM, i * 0.5)
+        if st.health.heavy_ok != prev:
+            flips += 1
+            prev = st.health.heavy_ok
+    assert flips == 1
