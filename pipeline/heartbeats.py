@@ -48,7 +48,7 @@ def observe(r: redis.Redis, prefix: str, tier: str) -> Observation:
 class LatencyWindow:
     """The last `size` latencies (ms) seen by this worker, for its heartbeat's p95."""
 
-    def __init__(self, size: int = 512, horizon_s: float = 10.0) -> None:
+    def __init__(self, size: int = 512, horizon_s: float = 5.0) -> None:
         self._items: deque[tuple[float, float]] = deque(maxlen=size)
         self.horizon_s = horizon_s
 

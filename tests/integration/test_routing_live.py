@@ -1,0 +1,189 @@
+"""Routing under live traffic: threshold changes without restart, Redis outages, heavy-tier degradation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from pipeline.devstack import Stack
+from pipeline.ingest import Ingest
+from pipeline.kafka import make_producer, topics_of
+from pipeline.settings import Settings
+from pipeline.thresholds import ThresholdStore
+from pipeline.topics import Tier
+from tests.conftest import Running, free_port
+from tests.integration.helpers import drain, reader, values
+from workers.models.echo import EchoModel
+from workers.runner import Worker
+
+pytestmark = pytest.mark.integration
+
+
+class Traffic:
+    """A producer thread sending one request every `interval_s` until stopped."""
+
+    def __init__(self, settings: Settings, text: str, interval_s: float = 0.01) -> None:
+        self.s, self.text, self.interval_s = settings, text, interval_s
+        self.sent: list[str] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Traffic:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(10)
+
+    def _run(self) -> None:
+        p = make_producer(self.s)
+        topic = topics_of(self.s).requests
+        i = 0
+        while not self._stop.is_set():
+            rid = f"live-{i}"
+            p.produce(topic, orjson.dumps({"id": rid, "text": self.text}), key=rid)
+            self.sent.append(rid)
+            p.poll(0)
+            i += 1
+            time.sleep(self.interval_s)
+        p.flush(10)
+
+
+def cli(settings: Settings, *args: str) -> str:
+    env = {**os.environ, **settings.with_env()}
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return out.stdout
+
+
+def echo_pipeline(s: Settings, running: Running, tiers: tuple[Tier, ...] = tuple(Tier),
+                  r: redis.Redis | None = None) -> dict[Tier, Worker]:
+    running.start(Ingest(s, r=r))
+    return {t: running.start(Worker(s, t, EchoModel(), r=r)) for t in tiers}
+
+
+def test_threshold_change_applies_within_a_second(settings_factory: Callable[..., Settings],
+                                                  running: Running) -> None:
+    s = settings_factory()
+    answers = reader(s, topics_of(s).answers)
+    echo_pipeline(s, running)
+    text = "x" * 70  # heavy under the default 50, light under 100
+    with Traffic(s, text) as traffic:
+        time.sleep(3.0)
+        changed_at = int(time.time() * 1000)
+        out = cli(s, "thresholds", "set", "length_threshold", "100", "--reason", "test")
+        assert "length_threshold = 100" in out
+        time.sleep(3.0)
+    got = values(drain(answers, lambda ms: len(ms) >= len(traffic.sent), timeout=60))
+    answers.close()
+    assert len({a["request_id"] for a in got}) == len(traffic.sent)
+    before = [a for a in got if a["timings_ms"]["total"] >= 0 and _ingested(a) < changed_at]
+    after = [a for a in got if _ingested(a) > changed_at + 1000]
+    assert before and after
+    assert all(a["tier"] == "heavy" and a["route_reason"] == "length" for a in before)
+    assert all(a["tier"] == "light" and a["threshold_version"] == 2 for a in after)
+    first_new = min(_ingested(a) for a in got if a["threshold_version"] == 2)
+    assert first_new - changed_at <= 1000, f"took {first_new - changed_at} ms"
+
+
+def _ingested(a: dict[str, Any]) -> int:
+    return int(a["answered_at"]) - int(a["timings_ms"]["total"]) + int(a["timings_ms"]["ingest"])
+
+
+@pytest.fixture
+def own_redis(services: Settings, tmp_path: Any) -> Iterator[tuple[Stack, Settings]]:
+    """A Redis of this test's own, so it can be stopped and restarted."""
+    s = services.model_copy(update={"redis_url": None, "redis_port": free_port(), "data_dir": tmp_path})
+    stack = Stack(s)
+    stack.start_redis()
+    yield stack, s.model_copy(update={"redis_url": s.redis})
+    stack.stop()
+
+
+def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Callable[..., Settings],
+                                                         running: Running,
+                                                         own_redis: tuple[Stack, Settings]) -> None:
+    stack, rs = own_redis
+    s = settings_factory(redis_url=rs.redis)
+    r = redis.Redis.from_url(s.redis, socket_timeout=1, socket_connect_timeout=1)
+    store = ThresholdStore(r, s.redis_prefix)
+    store.update("test", "route everything light", length_threshold=500)
+    answers = reader(s, topics_of(s).answers)
+    ingest = running.start(Ingest(s, r=r, health_checks=False))
+    for t in Tier:
+        running.start(Worker(s, t, EchoModel(), r=r))
+    with Traffic(s, "y" * 80) as traffic:
+        time.sleep(2.0)
+        stack.stop()  # Redis gone mid-stream
+        time.sleep(3.0)
+        assert ingest.cache.stale
+        stack.start_redis()  # back, empty: the operator restores thresholds
+        ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).update("test", "restored",
+                                                                             length_threshold=10)
+        deadline = time.monotonic() + 10
+        while ingest.cache.current.length_threshold != 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not ingest.cache.stale and ingest.cache.current.length_threshold == 10
+        time.sleep(1.0)
+    got = values(drain(answers, lambda ms: len({orjson.loads(m.value())["request_id"] for m in ms})
+                       >= len(traffic.sent), timeout=60))
+    answers.close()
+    assert {a["request_id"] for a in got} == set(traffic.sent)
+    outage = [a for a in got if a["threshold_version"] == 2]
+    assert outage and all(a["tier"] == "light" for a in outage)  # last-known length_threshold=500 held
+    assert any(a["tier"] == "heavy" for a in got)  # the restored threshold applied
+
+
+def test_heavy_outage_degrades_to_light_and_recovers(settings_factory: Callable[..., Settings],
+                                                     running: Running) -> None:
+    s = settings_factory()
+    store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+    store.update("test", "fast recovery for the test", recover_after_s=1.0)
+    answers = reader(s, topics_of(s).answers)
+    workers = echo_pipeline(s, running, tiers=(Tier.LIGHT,))
+    assert workers
+    with Traffic(s, "z" * 80):
+        time.sleep(3.0)  # no heavy worker: heavy-bound traffic degrades
+        heavy = running.start(Worker(s, Tier.HEAVY, EchoModel()))
+        time.sleep(6.0)
+        heavy.stop()
+        time.sleep(4.0)
+    got = sorted(values(drain(answers, lambda ms: False, timeout=15)), key=lambda a: a["answered_at"])
+    answers.close()
+    phases = [("degraded" if a["degraded"] else a["tier"]) for a in got]
+    assert phases[0] == "degraded"
+    assert "heavy" in phases
+    degraded = [a for a in got if a["degraded"]]
+    assert all(a["tier"] == "light" and "degraded_no_workers" in a["route_reason"] for a in degraded)
+    assert phases[-1] == "degraded"  # heavy stopped again -> degraded again
+    # no flapping: degraded -> heavy -> degraded, nothing in between
+    runs = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    assert runs == ["degraded", "heavy", "degraded"], runs
+
+
+def test_injected_latency_degrades_heavy_traffic(settings_factory: Callable[..., Settings],
+                                                 running: Running) -> None:
+    s = settings_factory()
+    store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+    store.update("test", "tight SLO", heavy_slo_p95_ms=300, recover_after_s=1.0)
+    answers = reader(s, topics_of(s).answers)
+    echo_pipeline(s, running)
+    with Traffic(s, "w" * 80, interval_s=0.02):
+        time.sleep(2.0)
+        cli(s, "fault", "latency", "--tier", "heavy", "--ms", "400", "--seconds", "4")
+        time.sleep(14.0)  # 4 s of fault, then the 5 s latency window drains and the 1 s dwell passes
+    got = sorted(values(drain(answers, lambda ms: False, timeout=10)), key=lambda a: a["answered_at"])
+    answers.close()
+    slow = [a for a in got if a["degraded"]]
+    assert slow and all("degraded_slow" in a["route_reason"] for a in slow)
+    assert got[-1]["tier"] == "heavy"  # recovered after the fault expired
