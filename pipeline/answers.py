@@ -53,10 +53,11 @@ class AnswerReader:
     def poll(self, timeout: float = 0.5, max_records: int = 500) -> list[dict[str, object]]:
         out = []
         for msg in self.consumer.consume(max_records, timeout):
-            if msg.error() is not None or msg.value() is None:
+            value = msg.value()
+            if msg.error() is not None or value is None:
                 continue
             try:
-                ans = orjson.loads(msg.value())
+                ans = orjson.loads(value)
             except orjson.JSONDecodeError:
                 continue
             if self.deduper is None or self.deduper.first(str(ans.get("request_id"))):

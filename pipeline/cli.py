@@ -138,7 +138,7 @@ def _worker_pool(args: argparse.Namespace, s: Settings, tier: Any) -> int:
         env = dict(os.environ)
         if s.metrics_port is not None:
             env["TIERFLOW_METRICS_PORT"] = str(s.metrics_port + i)
-        procs.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))  # noqa: S603
+        procs.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
 
     def stop() -> None:
         for p in procs:

@@ -214,6 +214,34 @@ def decode_request(raw: bytes | None, max_bytes: int) -> Request:
         raise InvalidMessage(*_classify(raw, e)) from None
 
 
+_FAST_KEYS = frozenset({"id", "text", "user_id", "lang", "ts", "label"})
+
+
+def fast_request(raw: bytes) -> dict[str, Any] | None:
+    """The request as a dict when it is plainly valid, else None (then `decode_request` decides and explains).
+
+    The ingest hot path: a text-only request that passes these checks is valid under
+    schemas/request.v1.json (tests/unit/test_contracts.py checks this against the schema and the model);
+    anything rarer (images, meta, odd numbers) takes the full pydantic path.
+    """
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(d) is not dict or not _FAST_KEYS.issuperset(d):
+        return None
+    rid, text = d.get("id"), d.get("text")
+    if type(rid) is not str or not 0 < len(rid) <= 128 or type(text) is not str or not 0 < len(text) <= MAX_TEXT_CHARS:
+        return None
+    for key, limit in (("user_id", 128), ("lang", 16), ("label", 128)):
+        v = d.get(key, "")
+        if key in d and (type(v) is not str or not 0 < len(v) <= limit):
+            return None
+    if "ts" in d and (type(d["ts"]) is not int or d["ts"] < 0):
+        return None
+    return d
+
+
 def decode_model(model: type[M], raw: bytes | None) -> M:
     """Parse any contract model; raises InvalidMessage."""
     if raw is None:

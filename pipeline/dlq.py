@@ -8,14 +8,14 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from pipeline import metrics
-from pipeline.kafka import produce
+from pipeline.kafka import Headers, produce
 
 MAX_REASON_CHARS = 1000
 
 
-def dlq_headers(msg: Message, kind: str, reason: str, stage: str) -> list[tuple[str, bytes]]:
+def dlq_headers(msg: Message, kind: str, reason: str, stage: str) -> Headers:
     """The headers that explain a dead letter; the source's own headers are kept after them."""
-    own = [
+    own: Headers = [
         ("x-error", reason[:MAX_REASON_CHARS].encode("utf-8", "replace")),
         ("x-error-kind", kind.encode()),
         ("x-source-topic", (msg.topic() or "").encode()),
@@ -24,8 +24,14 @@ def dlq_headers(msg: Message, kind: str, reason: str, stage: str) -> list[tuple[
         ("x-stage", stage.encode()),
         ("x-failed-at", str(int(time.time() * 1000)).encode()),
     ]
-    src = [(k, v) for k, v in (msg.headers() or []) if not k.startswith("x-")]
-    return own + src  # type: ignore[list-item]
+    src: Headers = [(k, v) for k, v in _pairs(msg) if not k.startswith("x-")]
+    return own + src
+
+
+def _pairs(msg: Message) -> list[tuple[str, bytes | None]]:
+    raw = msg.headers() or []
+    items = raw.items() if isinstance(raw, dict) else raw
+    return [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
 
 
 def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: str, stage: str,
@@ -38,4 +44,4 @@ def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: 
 
 def headers_dict(msg: Message) -> dict[str, str]:
     """A record's headers as text (the last value wins), for readers of the DLQ."""
-    return {k: (v or b"").decode("utf-8", "replace") for k, v in (msg.headers() or [])}
+    return {k: (v or b"").decode("utf-8", "replace") for k, v in _pairs(msg)}

@@ -19,19 +19,41 @@ _LATIN_RE = re.compile(r"[A-Za-z]")
 # One token per CJK character, one per run of letters/digits elsewhere.
 _TOKEN_RE = re.compile(f"[{_HAN}{_KANA_HANGUL}]|[^\\s{_HAN}{_KANA_HANGUL}\\W]+|[^\\w\\s]", re.UNICODE)
 
-_QUESTION_RE = re.compile(
-    r"[?？]|\b(how|why|what|when|where|which|who|can i|could|is it|do i|does)\b|吗|怎么|如何|为什么|什么|哪|是否|能否|可以",
-    re.IGNORECASE,
+# Cue words: looked up in a set of the message's words (one regex pass), which is an order of magnitude
+# cheaper than alternation regexes on the ingest hot path.
+_WORD_TOKEN_RE = re.compile(r"[a-z0-9_']+|[^\w\s]")
+_Q_WORDS = frozenset({"how", "why", "what", "when", "where", "which", "who", "could", "does"})
+_Q_ZH = ("吗", "怎么", "如何", "为什么", "什么", "哪", "是否", "能否", "可以")
+_C_WORDS = frozenset({"broken", "refund", "terrible", "awful", "angry", "complain", "complaint", "complaining",
+                      "worst", "unacceptable", "disappointed", "scam", "ridiculous", "wrong"})
+_C_ZH = ("投诉", "坏了", "退款", "差评", "生气", "太差", "失望", "骗", "不能用", "扣了两次")
+_U_WORDS = frozenset({"urgent", "asap", "immediately", "emergency", "fraud", "fraudulent", "stolen", "hacked",
+                      "unauthorized", "unauthorised"})
+_U_ZH = ("紧急", "马上", "立刻", "被盗", "盗刷", "诈骗")
+# Multi-word cues, one pass over the lowercased text; the group name says which cue matched.
+_PHRASE_RE = re.compile(
+    r"\b(?:(?P<q>can i|is it|do i|can you|is there)|"
+    r"(?P<c>not working|doesn'?t work|still waiting|still not|charged twice)|(?P<u>right now))\b"
 )
-_COMPLAINT_RE = re.compile(
-    r"\b(broken|refund|terrible|awful|angry|complain\w*|worst|unacceptable|disappointed|scam|ridiculous|"
-    r"not working|doesn'?t work|still (?:waiting|not)|charged twice|wrong)\b|投诉|坏了|退款|差评|生气|太差|失望|骗|不能用|扣了两次",
-    re.IGNORECASE,
-)
-_URGENT_RE = re.compile(
-    r"\b(urgent|asap|immediately|right now|emergency|fraud\w*|stolen|hacked|unauthori[sz]ed)\b|紧急|马上|立刻|被盗|盗刷|诈骗",
-    re.IGNORECASE,
-)
+
+
+def _cues(text: str, low: str, words: list[str], ascii_only: bool) -> tuple[bool, bool, bool]:
+    """(question, complaint, urgent) from word sets, phrases and, for non-ASCII text, Chinese cue strings."""
+    ws = set(words)
+    question = "?" in text or not ws.isdisjoint(_Q_WORDS)
+    complaint = not ws.isdisjoint(_C_WORDS)
+    urgent = not ws.isdisjoint(_U_WORDS)
+    if not (question and complaint and urgent):
+        for m in _PHRASE_RE.finditer(low):
+            kind = m.lastgroup
+            question = question or kind == "q"
+            complaint = complaint or kind == "c"
+            urgent = urgent or kind == "u"
+    if not ascii_only:
+        question = question or "？" in text or any(c in text for c in _Q_ZH)
+        complaint = complaint or any(c in text for c in _C_ZH)
+        urgent = urgent or any(c in text for c in _U_ZH)
+    return question, complaint, urgent
 
 
 def script_of(text: str) -> str:
@@ -63,17 +85,30 @@ def lang_of(script: str, hint: str | None) -> str:
 
 def extract(req: Request, *, vip: bool, image_bytes: int = 0) -> dict[str, Any]:
     """Features of one request (the `features` object of schemas/routed.v1.json)."""
-    text = req.text or ""
-    script = script_of(text)
+    return extract_fields(req.text or "", req.lang, req.image is not None, image_bytes, vip)
+
+
+def extract_fields(text: str, lang_hint: str | None, has_image: bool, image_bytes: int, vip: bool) -> dict[str, Any]:
+    """`extract` on plain fields (the ingest hot path has a dict, not a Request)."""
+    low = text.lower()
+    ascii_only = text.isascii()
+    words = _WORD_TOKEN_RE.findall(low)
+    if ascii_only:  # the common case, without the Unicode-class regexes
+        script = "en" if _LATIN_RE.search(text) else "none"  # ASCII letters are Latin
+        tokens = len(words)
+    else:
+        script = script_of(text)
+        tokens = token_count(text)
+    question, complaint, urgent = _cues(text, low, words, ascii_only)
     return {
         "chars": len(text),
-        "tokens": token_count(text),
+        "tokens": tokens,
         "script": script,
-        "lang": lang_of(script, req.lang),
-        "has_image": req.image is not None,
+        "lang": lang_of(script, lang_hint),
+        "has_image": has_image,
         "image_bytes": image_bytes,
         "vip": vip,
-        "question": bool(_QUESTION_RE.search(text)),
-        "complaint": bool(_COMPLAINT_RE.search(text)),
-        "urgent": bool(_URGENT_RE.search(text)),
+        "question": question,
+        "complaint": complaint,
+        "urgent": urgent,
     }

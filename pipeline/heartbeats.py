@@ -6,6 +6,7 @@ after `heartbeat_ttl_s`, so a killed worker disappears by itself.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -94,10 +95,8 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        try:
+        with contextlib.suppress(redis.RedisError, OSError):
             self.r.delete(self.key)  # leave at once rather than after the TTL
-        except (redis.RedisError, OSError):
-            pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

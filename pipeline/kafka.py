@@ -88,8 +88,11 @@ def make_admin(settings: Settings) -> AdminClient:
     return AdminClient(settings.kafka_config())
 
 
+Headers = list[tuple[str, str | bytes | None]]
+
+
 def produce(producer: Producer, topic: str, value: bytes, key: bytes | str | None = None,
-            headers: list[tuple[str, bytes]] | None = None, on_delivery: Any = None) -> None:
+            headers: Headers | None = None, on_delivery: Any = None) -> None:
     """Produce, waiting for queue space instead of failing when the local buffer is full."""
     while True:
         try:
@@ -103,7 +106,7 @@ def next_offsets(msgs: Iterable[Message]) -> list[TopicPartition]:
     """The offsets to commit after `msgs` are done: last offset + 1 per partition."""
     top: dict[tuple[str, int], int] = {}
     for m in msgs:
-        tp = (m.topic(), m.partition())
+        tp = (m.topic() or "", m.partition() or 0)
         off = m.offset()
         if off is not None and off >= top.get(tp, -1):
             top[tp] = off
@@ -114,7 +117,7 @@ def rewind(consumer: Consumer, msgs: Iterable[Message]) -> None:
     """Seek back to the first offset of `msgs` per partition, to process them again."""
     first: dict[tuple[str, int], int] = {}
     for m in msgs:
-        tp = (m.topic(), m.partition())
+        tp = (m.topic() or "", m.partition() or 0)
         off = m.offset()
         if off is not None and off < first.get(tp, 1 << 62):
             first[tp] = off

@@ -19,7 +19,8 @@ SAMPLES: list[dict[str, Any]] = [
     {"id": "demo-06", "user_id": "u-1006", "text": "我的卡还没有收到"},
     {"id": "demo-07", "user_id": "u-1007", "text": "转账为什么被收了手续费？"},
     {"id": "demo-08", "user_id": "u-1008",
-     "text": "我昨天在国外的一家商店用卡付款，结果被拒绝了两次，可是我的账户里明明有足够的钱。请问这是怎么回事？我应该怎么处理才能正常使用我的卡？"},
+     "text": "我昨天在国外的一家商店用卡付款，结果被拒绝了两次，可是我的账户里明明有足够的钱。"
+             "请问这是怎么回事？我应该怎么处理才能正常使用我的卡？"},
     {"id": "demo-09", "user_id": VIP_USER, "text": "Can I get a refund for this purchase?"},
     {"id": "demo-10", "user_id": "u-1010", "text": "hmm my thing"},
     {"id": "demo-11", "user_id": "u-1011", "text": "My phone screen is cracked, see the photo", "image": "SCREEN"},

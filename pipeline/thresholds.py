@@ -12,6 +12,7 @@ poll, so routing never waits on Redis and keeps the last-known values when Redis
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -267,7 +268,5 @@ class ThresholdCache:
                 self._stop.wait(0.5)
             finally:
                 if pubsub is not None:
-                    try:
+                    with contextlib.suppress(redis.RedisError, OSError):
                         pubsub.close()
-                    except (redis.RedisError, OSError):
-                        pass

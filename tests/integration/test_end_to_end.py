@@ -42,7 +42,7 @@ MALFORMED: list[bytes | None] = [
     orjson.dumps({"id": "mime", "image": {"data": PNG, "mime": "image/gif"}}),
     orjson.dumps({"id": "magic", "image": {"data": base64.b64encode(b"GIF89a....").decode(), "mime": "image/png"}}),
     None,
-    orjson.dumps({"id": "deep", "text": "hi", "meta": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": 1}}}}}}}}}}),
+    orjson.dumps({"id": "deep", "text": "hi", "meta": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {}}}}}}}}}}),
     b'{"id": "neg", "text": "hi", "ts": -5}',
     b'{"id": "lab", "text": "hi", "label": ""}',
     b'{"id": "uid", "text": "hi", "user_id": 7}',

@@ -1,0 +1,66 @@
+"""Shared benchmark plumbing: machine description and BENCHMARKS.md section writing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+
+
+def machine() -> str:
+    """Cores, CPU model, memory and GPU (if any), in one line."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(re.findall(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[0])
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, IndexError):
+        pass
+    gpu = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cores} cores ({cpu}){mem}, {gpu}, Python {platform.python_version()}"
+
+
+def command() -> str:
+    """The command line that is running, as a user would type it."""
+    prog = Path(sys.argv[0])
+    argv = sys.argv[1:]
+    if prog.suffix == ".py":
+        return shlex.join(["python", str(prog.relative_to(ROOT) if prog.is_absolute() and ROOT in prog.parents
+                                         else prog), *argv])
+    return shlex.join([prog.name, *argv])
+
+
+def write_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
+    """Replace (or append) the `## title` section of BENCHMARKS.md with `body` plus provenance."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    section = (f"## {title}\n\n"
+               f"Command: `{command()}`  \nMachine: {machine()} (host {socket.gethostname()})  \nDate: {stamp}\n\n"
+               f"{body.strip()}\n")
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nEvery section is written by the command it names.\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    found = pattern.search(text)
+    text = pattern.sub(lambda _: section + "\n", text) if found else text.rstrip() + "\n\n" + section
+    path.write_text(text.rstrip() + "\n")
