@@ -377,6 +377,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train_main(argv)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from pipeline.status import main as status_main
+
+    return status_main(_settings(args), once=args.once, interval_s=args.interval)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.report import main as report_main
+
+    return report_main(_settings(args), out_dir=args.out, minutes=args.minutes)
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -470,6 +482,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tier", required=True, choices=["light", "heavy", "multimodal"])
     sp.add_argument("--ms", type=float, required=True, help="extra milliseconds per batch (0 clears)")
     sp.add_argument("--seconds", type=float, help="clear by itself after this many seconds")
+
+    sp = add("status", cmd_status, "Live terminal view: per-tier throughput, p95, lag, heavy share, thresholds, DLQ.")
+    sp.add_argument("--once", action="store_true", help="print one frame and exit")
+    sp.add_argument("--interval", type=float, default=1.0, help="seconds between frames (1)")
+    sp = add("report", cmd_report, "Write a PNG and a text summary of a run: latency per tier, traffic split, "
+                                   "accuracy vs heavy share.")
+    sp.add_argument("--out", type=Path, default=Path("report"), help="output directory (./report)")
+    sp.add_argument("--minutes", type=float, help="only the last N minutes of results (default: all)")
 
     sp = add("train", cmd_train, "Train the light, heavy and multilingual heads on a text,category CSV.")
     sp.add_argument("--data", type=Path, required=True, help="training CSV with columns text,category")
