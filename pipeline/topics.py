@@ -48,6 +48,10 @@ class Topics:
     def tier(self, tier: Tier | str) -> str:
         return f"{self.prefix}tier.{Tier(tier).value}"
 
+    def replay_tier(self, tier: Tier | str) -> str:
+        """A tier's backfill topic: workers read it only with capacity live traffic leaves free."""
+        return f"{self.prefix}replay.tier.{Tier(tier).value}"
+
     def all(self) -> list[str]:
         """Every topic `tierflow topics create` makes, in a stable order."""
         return [
@@ -58,6 +62,7 @@ class Topics:
             self.dlq,
             self.labels,
             self.replay,
+            *(self.replay_tier(t) for t in Tier),
         ]
 
 

@@ -78,6 +78,9 @@ class Worker:
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
         self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
         self.consumer = make_consumer(settings, settings.group(f"workers-{tier.value}"))
+        # Backfill: read only to fill what live traffic leaves of a batch, so a replay never delays live answers.
+        self.replay_consumer = make_consumer(settings, settings.group(f"workers-{tier.value}-replay"))
+        self.answered_key = f"{settings.redis_prefix}replay:answered"
         self.transactional = settings.exactly_once
         extra = {"transactional.id": f"tierflow-{self.worker_id}"} if self.transactional else {}
         self.producer: Producer = make_producer(settings, **extra)
@@ -106,6 +109,7 @@ class Worker:
     def run(self) -> None:
         self.setup()
         self.consumer.subscribe([self.topics.tier(self.tier)])
+        self.replay_consumer.subscribe([self.topics.replay_tier(self.tier)])
         self.heartbeat = Heartbeat(self.r, self.s.redis_prefix, self.tier.value, self.worker_id,
                                    self.s.heartbeat_interval_s, self.s.heartbeat_ttl_s, self.status).start()
         try:
@@ -115,10 +119,14 @@ class Worker:
             self.heartbeat.stop()
             self.producer.flush(self.s.flush_timeout_s)
             self.consumer.close()
+            self.replay_consumer.close()
 
     # --- one batch ---
     def step(self) -> int:
-        msgs = collect_batch(self.consumer, self.max_batch, self.max_wait_s)
+        live = collect_batch(self.consumer, self.max_batch, self.max_wait_s)
+        spare = self.max_batch - len(live)
+        backfill = [m for m in self.replay_consumer.consume(spare, 0) if m.error() is None] if spare > 0 else []
+        msgs = live + backfill
         if not msgs:
             self.lag = lag_of(self.consumer)
             return 0
@@ -142,10 +150,29 @@ class Worker:
         per_item_ms = infer_ms / max(1, len(routed))
         inferred = _now_ms()
         metrics.BATCH_SIZE.labels(self.tier.value).observe(len(routed))
+        fresh = self._first_replay_answers([rr for _, rr, _ in routed])
         for (msg, rr, _), pred in zip(routed, preds, strict=True):
             if pred is not None:
-                self._emit(msg, rr, pred, per_item_ms, len(routed), dequeued, inferred)
-        return self._finish(msgs)
+                self._emit(msg, rr, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
+        return self._finish(live, backfill)
+
+    def _first_replay_answers(self, batch: list[RoutedRequest]) -> set[str] | None:
+        """Replayed ids that have not been answered by a replay before (None: Redis unavailable, answer all).
+
+        Replaying the same range twice must not answer a request twice; `--force` overrides.
+        """
+        ids = [rr.request.id for rr in batch if rr.replay and not rr.shadow and not rr.replay_force]
+        if not ids:
+            return set()
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for rid in ids:
+                pipe.sadd(self.answered_key, rid)
+            added = pipe.execute()
+        except (redis.RedisError, OSError):
+            metrics.REDIS_ERRORS.labels("worker").inc()
+            return None
+        return {rid for rid, n in zip(ids, added, strict=True) if n}
 
     def _predict(self, routed: list[tuple[Message, RoutedRequest, Item]]) -> list[Prediction | None]:
         """Predict the batch; on failure retry item by item and dead-letter what still fails."""
@@ -169,13 +196,16 @@ class Worker:
         return out
 
     def _emit(self, msg: Message, rr: RoutedRequest, pred: Prediction, infer_ms: float, batch: int,
-              dequeued: int, inferred: int) -> None:
+              dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
         req = rr.request
         key = msg.key()
         esc = rr.escalated_from
         escalate = (self.tier is Tier.LIGHT and not rr.shadow and esc is None and not rr.degraded
                     and should_escalate(pred.confidence, rr.escalate_below))
         final = not escalate and not rr.shadow
+        # A replayed request answered by an earlier replay gets a result, not a second answer.
+        repeat = (rr.replay and final and not rr.replay_force and fresh_replays is not None
+                  and rr.request.id not in fresh_replays)
         produced = _now_ms()
         total_ms = max(0, produced - rr.received_ms)
         answer = {
@@ -226,10 +256,11 @@ class Worker:
                       escalated_from={"tier": self.tier.value, "intent": pred.intent,
                                       "confidence": float(pred.confidence), "model": pred.model,
                                       "inference_ms": round(infer_ms, 3)})
-            produce(self.producer, self.topics.tier(Tier.HEAVY), orjson.dumps(up), key, on_delivery=self.delivery)
+            heavy_topic = self.topics.replay_tier(Tier.HEAVY) if rr.replay else self.topics.tier(Tier.HEAVY)
+            produce(self.producer, heavy_topic, orjson.dumps(up), key, on_delivery=self.delivery)
             metrics.ESCALATED.labels(pred.model).inc()
             self.stats.escalated += 1
-        elif final:
+        elif final and not repeat:
             produce(self.producer, self.topics.answers, orjson.dumps(answer), key, on_delivery=self.delivery)
             self.latency.add(total_ms)
             metrics.ANSWERS.labels(self.tier.value, pred.model).inc()
@@ -240,11 +271,13 @@ class Worker:
         to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery)
         self.stats.dead += 1
 
-    def _finish(self, msgs: list[Message]) -> int:
+    def _finish(self, live: list[Message], backfill: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
         if self.transactional:
-            self.producer.send_offsets_to_transaction(next_offsets(msgs), self.consumer.consumer_group_metadata())
+            # Backfill offsets commit outside the transaction (another group); a crash replays them, and the
+            # replay-answered set keeps that from answering twice.
+            self.producer.send_offsets_to_transaction(next_offsets(live), self.consumer.consumer_group_metadata())
             self.producer.commit_transaction()
         else:
             self.producer.flush(self.s.flush_timeout_s)
@@ -252,12 +285,16 @@ class Worker:
                 log.warning("%s: %d records not delivered (%s); re-processing the batch", self.worker_id,
                             self.delivery.failed, "; ".join(self.delivery.errors))
                 self.delivery.reset()
-                rewind(self.consumer, msgs)
+                rewind(self.consumer, live)
+                rewind(self.replay_consumer, backfill)
                 time.sleep(0.5)
-                return len(msgs)
-            self.consumer.commit(offsets=next_offsets(msgs), asynchronous=False)
+                return len(live) + len(backfill)
+            if live:
+                self.consumer.commit(offsets=next_offsets(live), asynchronous=False)
+        if backfill:
+            self.replay_consumer.commit(offsets=next_offsets(backfill), asynchronous=False)
         self.lag = lag_of(self.consumer)
-        return len(msgs)
+        return len(live) + len(backfill)
 
 
 def _now_ms() -> int:
