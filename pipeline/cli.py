@@ -377,6 +377,49 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train_main(argv)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pipeline.kafka import check_reachable
+    from pipeline.replay import (
+        FileSource,
+        Replayer,
+        Source,
+        TopicSource,
+        accuracy_table,
+        job_name,
+        parse_offsets,
+        parse_when,
+        wait_for_results,
+    )
+
+    s = _settings(args)
+    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.redis, "Redis")
+    source: Source
+    if args.file:
+        source = FileSource(name=f"file:{Path(args.file).resolve()}", path=Path(args.file))
+    elif args.topic:
+        source = TopicSource(
+            name=f"topic:{args.topic}", settings=s, topic=args.topic,
+            start_ts=parse_when(args.start) if args.start else None,
+            end_ts=parse_when(args.end) if args.end else None,
+            start_offsets=parse_offsets(args.start_offsets) if args.start_offsets else {},
+            end_offsets=parse_offsets(args.end_offsets) if args.end_offsets else {},
+        )
+    else:
+        raise ConfigError("give --file PATH or --topic NAME")
+    job = args.job or job_name(source, start=args.start, end=args.end, so=args.start_offsets,
+                               eo=args.end_offsets, pin=args.pin_thresholds, shadow=args.shadow, limit=args.limit)
+    summary = Replayer(s).run(source, job=job, rate=args.rate, limit=args.limit, pin_thresholds=args.pin_thresholds,
+                              shadow=args.shadow, force=args.force, restart=args.restart,
+                              progress=sys.stderr.isatty())
+    print(summary.line())
+    if args.wait and summary.ids:
+        results = wait_for_results(s, set(summary.ids), args.wait, args.shadow)
+        print(f"{len(results)} results for {len(summary.ids)} replayed requests")
+        print(accuracy_table(results))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from pipeline.status import main as status_main
 
@@ -482,6 +525,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tier", required=True, choices=["light", "heavy", "multimodal"])
     sp.add_argument("--ms", type=float, required=True, help="extra milliseconds per batch (0 clears)")
     sp.add_argument("--seconds", type=float, help="clear by itself after this many seconds")
+
+    sp = add("replay", cmd_replay, "Replay recorded requests from a topic range or a JSONL/Parquet file through "
+                                   "the backfill path (never ahead of live traffic). Resumable and idempotent.")
+    src = sp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--file", help="JSONL (or .parquet) of request.v1 objects")
+    src.add_argument("--topic", help="a topic to read, e.g. tierflow.requests")
+    sp.add_argument("--from", dest="start", help="start time (epoch ms or ISO-8601) in --topic")
+    sp.add_argument("--to", dest="end", help="end time (inclusive)")
+    sp.add_argument("--from-offsets", dest="start_offsets", help="start offsets, e.g. 0:120,1:95")
+    sp.add_argument("--to-offsets", dest="end_offsets", help="end offsets (exclusive)")
+    sp.add_argument("--rate", type=float, help="messages per second (default: as fast as it goes)")
+    sp.add_argument("--limit", type=int, help="at most N records")
+    sp.add_argument("--pin-thresholds", type=int, metavar="VERSION", help="route under this threshold version")
+    sp.add_argument("--shadow", action="store_true", help="run light and heavy on every record, answer nobody")
+    sp.add_argument("--force", action="store_true", help="answer ids a replay already answered")
+    sp.add_argument("--job", help="job name (default: derived from the source and range; reruns resume it)")
+    sp.add_argument("--restart", action="store_true", help="ignore saved progress and start over")
+    sp.add_argument("--wait", type=float, metavar="SECONDS", help="wait for results and print accuracy per tier")
 
     sp = add("status", cmd_status, "Live terminal view: per-tier throughput, p95, lag, heavy share, thresholds, DLQ.")
     sp.add_argument("--once", action="store_true", help="print one frame and exit")

@@ -13,17 +13,24 @@ from pipeline.kafka import Headers, produce
 MAX_REASON_CHARS = 1000
 
 
-def dlq_headers(msg: Message, kind: str, reason: str, stage: str) -> Headers:
-    """The headers that explain a dead letter; the source's own headers are kept after them."""
-    own: Headers = [
+def error_headers(kind: str, reason: str, stage: str, source: str, partition: int, offset: int) -> Headers:
+    """The headers that explain a dead letter (schemas/dlq.v1.json)."""
+    return [
         ("x-error", reason[:MAX_REASON_CHARS].encode("utf-8", "replace")),
         ("x-error-kind", kind.encode()),
-        ("x-source-topic", (msg.topic() or "").encode()),
-        ("x-source-partition", str(msg.partition()).encode()),
-        ("x-source-offset", str(msg.offset()).encode()),
+        ("x-source-topic", source.encode()),
+        ("x-source-partition", str(partition).encode()),
+        ("x-source-offset", str(offset).encode()),
         ("x-stage", stage.encode()),
         ("x-failed-at", str(int(time.time() * 1000)).encode()),
     ]
+
+
+def dlq_headers(msg: Message, kind: str, reason: str, stage: str) -> Headers:
+    """Error headers for a consumed record; the record's own headers are kept after them."""
+    offset = msg.offset()
+    own = error_headers(kind, reason, stage, msg.topic() or "", msg.partition() or 0,
+                        offset if offset is not None else -1)
     src: Headers = [(k, v) for k, v in _pairs(msg) if not k.startswith("x-")]
     return own + src
 
