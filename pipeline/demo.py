@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pipeline.answers import AnswerReader
 from pipeline.devstack import Stack, port_open, running_stack
-from pipeline.heartbeats import read_heartbeats
+from pipeline.heartbeats import ready_tiers
 from pipeline.kafka import make_producer, topics_of
 from pipeline.samples import VIP_USER, requests
 from pipeline.settings import Settings
@@ -34,7 +34,7 @@ def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, cons
     deadline = time.monotonic() + timeout_s
     with console.status("loading models (first start can take a minute) ...") as status:
         while True:
-            ready = [t.value for t in Tier if read_heartbeats(r, prefix, t.value)]
+            ready = ready_tiers(r, prefix, [t.value for t in Tier])
             status.update(f"loading models ... ready: {', '.join(ready) or 'none yet'}")
             if len(ready) == len(Tier):
                 return

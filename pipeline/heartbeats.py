@@ -36,6 +36,11 @@ def read_heartbeats(r: redis.Redis, prefix: str, tier: str) -> list[dict[str, An
     return [orjson.loads(v) for v in r.mget(keys) if v is not None]
 
 
+def ready_tiers(r: redis.Redis, prefix: str, tiers: list[str]) -> list[str]:
+    """The tiers with at least one worker that has its models loaded and partitions assigned."""
+    return [t for t in tiers if any(b.get("ready") for b in read_heartbeats(r, prefix, t))]
+
+
 def observe(r: redis.Redis, prefix: str, tier: str) -> Observation:
     """One tier's health now, from its live workers' heartbeats."""
     beats = read_heartbeats(r, prefix, tier)

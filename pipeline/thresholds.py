@@ -106,10 +106,11 @@ class ThresholdStore:
 
     def get(self) -> Thresholds:
         """The current document; the defaults (written as version 1) when none exists."""
+        return self.get_or_none() or self.init()
+
+    def get_or_none(self) -> Thresholds | None:
         raw = self.r.get(self.key)
-        if raw is None:
-            return self.init()
-        return self._parse(raw)
+        return None if raw is None else self._parse(raw)
 
     def _parse(self, raw: bytes | str) -> Thresholds:
         try:
@@ -217,7 +218,13 @@ class ThresholdCache:
     def refresh(self) -> bool:
         """Reload from Redis; on failure keep the last-known values. True when it succeeded."""
         try:
-            doc = self.store.get()
+            doc = self.store.get_or_none()
+            if doc is None:
+                # Redis came back empty (restarted without persistence): restore what we were routing with,
+                # rather than falling back to defaults and resetting the version sequence.
+                doc = self.store.init(self.current if self.loaded.is_set() else None)
+                if self.loaded.is_set():
+                    log.warning("%s: Redis had no thresholds; restored last-known v%d", self.component, doc.version)
             vips = frozenset(self.store.vips())
         except (redis.RedisError, OSError, InvalidThresholds) as e:
             self._mark_stale(e)

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import Message, Producer
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from pipeline import metrics
 from pipeline.contracts import RoutedRequest, decode_model
@@ -88,6 +88,7 @@ class Worker:
         self.latency = LatencyWindow()
         self.stats = WorkerStats()
         self.lag = 0
+        self.ready = False
         self.heartbeat: Heartbeat | None = None
         self._stop = threading.Event()
 
@@ -104,11 +105,15 @@ class Worker:
 
     def status(self) -> dict[str, Any]:
         return {"lag": self.lag, "p95_ms": self.latency.p95(), "processed": self.stats.processed,
-                "model": self.model.name, "device": self.device, "tier": self.tier.value}
+                "model": self.model.name, "device": self.device, "tier": self.tier.value, "ready": self.ready}
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Ready means "in the group with partitions": before that, messages would wait on the join.
+        self.ready = True
 
     def run(self) -> None:
         self.setup()
-        self.consumer.subscribe([self.topics.tier(self.tier)])
+        self.consumer.subscribe([self.topics.tier(self.tier)], on_assign=self._on_assign)
         self.replay_consumer.subscribe([self.topics.replay_tier(self.tier)])
         self.heartbeat = Heartbeat(self.r, self.s.redis_prefix, self.tier.value, self.worker_id,
                                    self.s.heartbeat_interval_s, self.s.heartbeat_ttl_s, self.status).start()

@@ -52,3 +52,17 @@ def drain(consumer: Consumer, until: Callable[[list[Message]], bool], timeout: f
 
 def values(msgs: list[Message]) -> list[dict[str, Any]]:
     return [orjson.loads(m.value()) for m in msgs]
+
+
+def wait_ready(settings: Settings, tiers: list[str], timeout: float = 120.0) -> None:
+    """Until each tier has a worker with models loaded and partitions assigned (and ingest had a moment)."""
+    import redis
+
+    from pipeline.heartbeats import ready_tiers
+
+    r = redis.Redis.from_url(settings.redis)
+    deadline = time.monotonic() + timeout
+    while set(ready_tiers(r, settings.redis_prefix, tiers)) != set(tiers):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workers not ready: {tiers}")
+        time.sleep(0.1)

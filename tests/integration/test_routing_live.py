@@ -21,7 +21,7 @@ from pipeline.settings import Settings
 from pipeline.thresholds import ThresholdStore
 from pipeline.topics import Tier
 from tests.conftest import Running, free_port
-from tests.integration.helpers import drain, reader, values
+from tests.integration.helpers import drain, reader, values, wait_ready
 from workers.models.echo import EchoModel
 from workers.runner import Worker
 
@@ -69,7 +69,10 @@ def cli(settings: Settings, *args: str) -> str:
 def echo_pipeline(s: Settings, running: Running, tiers: tuple[Tier, ...] = tuple(Tier),
                   r: redis.Redis | None = None) -> dict[Tier, Worker]:
     running.start(Ingest(s, r=r))
-    return {t: running.start(Worker(s, t, EchoModel(), r=r)) for t in tiers}
+    workers = {t: running.start(Worker(s, t, EchoModel(), r=r)) for t in tiers}
+    wait_ready(s, [t.value for t in tiers])
+    time.sleep(1.0)  # ingest joins its group meanwhile; its first fetch is the slowest
+    return workers
 
 
 def test_threshold_change_applies_within_a_second(settings_factory: Callable[..., Settings],
@@ -122,14 +125,20 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
     ingest = running.start(Ingest(s, r=r, health_checks=False))
     for t in Tier:
         running.start(Worker(s, t, EchoModel(), r=r))
+    wait_ready(s, [t.value for t in Tier])
     with Traffic(s, "y" * 80) as traffic:
         time.sleep(2.0)
         stack.stop()  # Redis gone mid-stream
         time.sleep(3.0)
         assert ingest.cache.stale
-        stack.start_redis()  # back, empty: the operator restores thresholds
-        ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).update("test", "restored",
-                                                                             length_threshold=10)
+        stack.start_redis()  # back, empty: ingest restores its last-known document (v2)
+        fresh = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+        deadline = time.monotonic() + 10
+        while fresh.get_or_none() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        restored = fresh.get_or_none()
+        assert restored is not None and (restored.version, restored.length_threshold) == (2, 500)
+        fresh.update("test", "operator change after the outage", length_threshold=10)
         deadline = time.monotonic() + 10
         while ingest.cache.current.length_threshold != 10 and time.monotonic() < deadline:
             time.sleep(0.1)

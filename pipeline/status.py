@@ -1,0 +1,409 @@
+"""`tierflow status`: a live terminal view of a running pipeline, from Kafka and Redis alone.
+
+Sources, all read-only (status never writes to Redis nor commits offsets):
+- `tierflow.results`, tailed: answers/s, p95 latency, escalated / degraded rates, heavy share;
+- `tierflow.dlq`, tailed: the last dead letters and their reasons (headers);
+- worker heartbeats in Redis: live workers, lag and each worker's own p95 per tier;
+- the thresholds document in Redis: version and key values.
+
+A tail starts a little before the end of its topic so the first frame already has a window of data.
+The end is found from fetch watermarks (assign at the beginning, read the high watermark from the
+first fetch response, then move): tansu's ListOffsets end offsets and timestamp lookups are wrong,
+and `auto.offset.reset=latest` relies on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.dlq import headers_dict
+from pipeline.heartbeats import read_heartbeats
+from pipeline.kafka import check_reachable, make_consumer, topics_of
+from pipeline.logs import scrub
+from pipeline.settings import Settings
+from pipeline.thresholds import Thresholds
+from pipeline.topics import Tier
+
+log = logging.getLogger(__name__)
+
+WINDOW_S = 10.0  # rates and percentiles are over the last WINDOW_S seconds
+ONCE_COLLECT_S = 2.0
+RESULTS_BACKLOG = 2000  # records per partition read back at start, to fill the first window
+DLQ_BACKLOG = 20
+LAST_DLQ = 6
+
+_TIERS = [t.value for t in Tier]
+_THRESHOLD_KEYS = ("length_threshold", "escalate_below", "shadow_rate", "heavy_budget", "light_slo_p95_ms",
+                   "heavy_slo_p95_ms", "degrade_lag")
+
+# librdkafka logs straight to stderr by default, which would tear through the live display; the
+# errors that matter also arrive as error events from consume(), and those are shown in the frame.
+_QUIET = logging.getLogger("tierflow.status.kafka")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+# --------------------------------------------------------------------------- tails
+class TopicTail:
+    """Reads a topic from `backlog` records before its end (per partition) onward, without a group."""
+
+    def __init__(self, settings: Settings, topic: str, backlog: int) -> None:
+        self.topic, self.backlog = topic, backlog
+        self.consumer = make_consumer(settings, f"tierflow-status-{uuid.uuid4().hex[:8]}", logger=_QUIET,
+                                      **{"queued.max.messages.kbytes": 8192})
+        self.missing = False
+        self.covered_from_ms = 0  # records before this were skipped: windows must not reach further back
+        self._start: dict[int, int] = {}
+        self._await_first: set[int] = set()
+        self.errors: deque[str] = deque(maxlen=3)
+
+    def start(self, timeout_s: float = 3.0) -> None:
+        meta = self.consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            self.missing = True
+            return
+        parts = sorted(meta.partitions)
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
+        marks: dict[int, tuple[int, int]] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(marks) < len(parts) and time.monotonic() < deadline:
+            self.consumer.consume(50, 0.05)  # only for the watermarks in the fetch responses
+            for p in parts:
+                if p not in marks:
+                    low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                    if high is not None and high >= 0:
+                        marks[p] = (low, high)
+        for p in parts:
+            low, high = marks.get(p, (0, 0))
+            self._start[p] = max(low, high - self.backlog)
+            if self._start[p] > low:
+                self._await_first.add(p)
+        self.consumer.assign([TopicPartition(self.topic, p, self._start[p]) for p in parts])
+
+    def poll(self, timeout_s: float, max_records: int = 5000) -> list[Message]:
+        """Records that arrived (or were backlogged) since the last poll."""
+        if self.missing:
+            time.sleep(timeout_s)
+            return []
+        out: list[Message] = []
+        for m in self.consumer.consume(max_records, timeout_s):
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    self.errors.append(f"{self.topic}: {err.str()}")
+                continue
+            p, off = m.partition() or 0, m.offset() or 0
+            if off < self._start.get(p, 0):  # fetched before the re-assignment took effect
+                continue
+            if p in self._await_first:
+                self._await_first.discard(p)
+                self.covered_from_ms = max(self.covered_from_ms, m.timestamp()[1])
+            out.append(m)
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+# --------------------------------------------------------------------------- what a frame shows
+@dataclass(frozen=True)
+class TierView:
+    tier: str
+    workers: int
+    models: str
+    answers: int  # final answers in the window
+    rate: float  # answers/s over the window
+    p95_ms: float | None  # end-to-end, from the answers in the window
+    worker_p95_ms: float | None  # the slowest live worker's own p95 (heartbeats)
+    lag: int | None  # messages behind, summed over live workers; None: no heartbeat
+    escalated: int
+    degraded: int
+    last_answer_s: float | None  # seconds since this tier's latest answer seen
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    at_ms: int
+    kind: str
+    stage: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Everything one status frame shows: pure data, rendered by `render()`."""
+
+    at: float
+    window_s: float
+    tiers: list[TierView]
+    thresholds: Thresholds | None
+    dlq_rate: float
+    dead_letters: list[DeadLetter]
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def answers(self) -> int:
+        return sum(t.answers for t in self.tiers)
+
+    @property
+    def rate(self) -> float:
+        return sum(t.rate for t in self.tiers)
+
+    @property
+    def heavy_share(self) -> float | None:
+        heavy = next((t for t in self.tiers if t.tier == Tier.HEAVY.value), None)
+        return heavy.answers / self.answers if heavy is not None and self.answers else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    at_ms: int
+    tier: str
+    total_ms: float
+    escalated: bool
+    degraded: bool
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+
+class Status:
+    """Collects the data of the view: tails of results and DLQ, heartbeats and thresholds from Redis."""
+
+    def __init__(self, settings: Settings, window_s: float = WINDOW_S) -> None:
+        self.s, self.window_s = settings, window_s
+        t = topics_of(settings)
+        self.results = TopicTail(settings, t.results, RESULTS_BACKLOG)
+        self.dlq = TopicTail(settings, t.dlq, DLQ_BACKLOG)
+        self.r = redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self._answers: deque[_Answer] = deque()
+        self._last_answer: dict[str, int] = {}
+        self._dlq_times: deque[int] = deque()
+        self._dead: deque[DeadLetter] = deque(maxlen=LAST_DLQ)
+        self.started = time.time()
+
+    def start(self) -> Status:
+        self.results.start()
+        self.dlq.start()
+        self.started = time.time()
+        return self
+
+    def close(self) -> None:
+        self.results.close()
+        self.dlq.close()
+        self.r.close()
+
+    def collect(self, seconds: float) -> None:
+        """Read both tails for about `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            for m in self.results.poll(min(0.2, max(0.0, left))):
+                self._add_result(m)
+            for m in self.dlq.poll(0.0, 500):
+                self._add_dead(m)
+            if time.monotonic() >= deadline:
+                break
+
+    def _add_result(self, m: Message) -> None:
+        try:
+            r = orjson.loads(m.value() or b"")
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(r, dict) or not r.get("final") or r.get("shadow"):
+            return
+        at = int(r.get("answered_at") or m.timestamp()[1])
+        tier = str(r.get("tier"))
+        total = float((r.get("timings_ms") or {}).get("total", 0.0))
+        self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")),
+                                     bool(r.get("degraded"))))
+        self._last_answer[tier] = max(at, self._last_answer.get(tier, 0))
+
+    def _add_dead(self, m: Message) -> None:
+        h = headers_dict(m)
+        at = m.timestamp()[1]
+        self._dlq_times.append(at)
+        self._dead.append(DeadLetter(at, h.get("x-error-kind", "?"), h.get("x-stage", "?"),
+                                     h.get("x-error", "")))
+
+    def _window(self, now_ms: int) -> tuple[int, float]:
+        """(start ms, length s) of the rate window: the last window_s, or less while data is short."""
+        start = now_ms - int(self.window_s * 1000)
+        start = max(start, self.results.covered_from_ms)
+        return start, max(0.5, (now_ms - start) / 1000.0)
+
+    def frame(self) -> Frame:
+        now = time.time()
+        now_ms = int(now * 1000)
+        start_ms, window = self._window(now_ms)
+        while self._answers and self._answers[0].at_ms < start_ms:
+            self._answers.popleft()
+        while self._dlq_times and self._dlq_times[0] < now_ms - int(self.window_s * 1000):
+            self._dlq_times.popleft()
+        notes = [f"topic {tail.topic} does not exist: is the pipeline up? (tierflow topics create)"
+                 for tail in (self.results, self.dlq) if tail.missing]
+        notes += [*self.results.errors, *self.dlq.errors]
+        beats: dict[str, list[dict[str, Any]]] = {}
+        thresholds = None
+        try:
+            for tier in _TIERS:
+                beats[tier] = read_heartbeats(self.r, self.s.redis_prefix, tier)
+            raw = self.r.get(f"{self.s.redis_prefix}thresholds")
+            thresholds = Thresholds.model_validate(orjson.loads(raw)) if raw else None
+            if raw is None:
+                notes.append("no thresholds in Redis yet (ingest writes the defaults when it starts)")
+        except (redis.RedisError, OSError) as e:
+            notes.append(f"Redis unreachable at {scrub(self.s.redis)}: {scrub(str(e)) or e.__class__.__name__}")
+        except ValueError as e:
+            notes.append(f"thresholds in Redis are invalid: {e}")
+        tiers = [self._tier_view(t, beats.get(t), start_ms, window, now_ms) for t in _TIERS]
+        return Frame(at=now, window_s=window, tiers=tiers, thresholds=thresholds,
+                     dlq_rate=len(self._dlq_times) / self.window_s, dead_letters=list(self._dead)[::-1],
+                     source=f"{self.s.bootstrap}  {scrub(self.s.redis)}  topics {self.s.topic_prefix}*",
+                     notes=notes)
+
+    def _tier_view(self, tier: str, beats: list[dict[str, Any]] | None, start_ms: int, window: float,
+                   now_ms: int) -> TierView:
+        # partitions interleave, so the deque is only roughly in time order: filter, don't trust the prune
+        mine = [a for a in self._answers if a.tier == tier and a.at_ms >= start_ms]
+        last = self._last_answer.get(tier)
+        models = sorted({f"{b.get('model', '?')}@{b.get('device', '?')}" for b in beats or []})
+        return TierView(
+            tier=tier,
+            workers=len(beats or []),
+            models=", ".join(models),
+            answers=len(mine),
+            rate=len(mine) / window,
+            p95_ms=_p95([a.total_ms for a in mine]),
+            worker_p95_ms=max((float(b.get("p95_ms", 0.0)) for b in beats), default=None) if beats else None,
+            lag=sum(int(b.get("lag", 0)) for b in beats) if beats else None,
+            escalated=sum(a.escalated for a in mine),
+            degraded=sum(a.degraded for a in mine),
+            last_answer_s=(now_ms - last) / 1000.0 if last else None,
+        )
+
+
+# --------------------------------------------------------------------------- rendering
+def _num(v: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 1:
+        return "now"
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    return f"{seconds / 60:.0f}m ago" if seconds < 7200 else f"{seconds / 3600:.0f}h ago"
+
+
+def render(frame: Frame) -> RenderableType:
+    """The frame as rich renderables: header, tier table, shares and rates, thresholds, dead letters."""
+    th = frame.thresholds
+    header = Text.assemble(("tierflow status", "bold"), f"  {time.strftime('%H:%M:%S', time.localtime(frame.at))}"
+                           f"  window {frame.window_s:.0f}s  ", (frame.source, "dim"))
+    table = Table(expand=False, header_style="bold", pad_edge=False)
+    for name, justify in (("tier", "left"), ("workers", "right"), ("answers/s", "right"), ("p95 ms", "right"),
+                          ("worker p95", "right"), ("lag", "right"), ("escalated", "right"),
+                          ("degraded", "right"), ("last answer", "right"), ("model", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for t in frame.tiers:
+        slo = getattr(th, f"{t.tier}_slo_p95_ms", None) if th else None
+        p95_style = "red" if slo and t.p95_ms and t.p95_ms > slo else ""
+        table.add_row(
+            t.tier,
+            Text(str(t.workers), style="" if t.workers else "red"),
+            f"{t.rate:.1f}",
+            Text(_num(t.p95_ms), style=p95_style),
+            _num(t.worker_p95_ms),
+            _num(t.lag, "{:d}"),
+            str(t.escalated),
+            Text(str(t.degraded), style="yellow" if t.degraded else ""),
+            _ago(t.last_answer_s),
+            Text(t.models or "-", style="dim"),
+        )
+    table.add_row("all", str(sum(t.workers for t in frame.tiers)), f"{frame.rate:.1f}",
+                  _num(max((t.p95_ms for t in frame.tiers if t.p95_ms is not None), default=None)), "",
+                  _num(sum(t.lag or 0 for t in frame.tiers), "{:d}"), str(sum(t.escalated for t in frame.tiers)),
+                  str(sum(t.degraded for t in frame.tiers)), "", "", style="bold")
+
+    share = frame.heavy_share
+    budget = th.heavy_budget if th else None
+    over = share is not None and budget is not None and share > budget
+    answers = max(1, frame.answers)
+    esc = sum(t.escalated for t in frame.tiers)
+    deg = sum(t.degraded for t in frame.tiers)
+    shares = Text.assemble(
+        "heavy share ", (f"{share:.1%}" if share is not None else "-", "bold red" if over else "bold green"),
+        f" of {frame.answers} answers" + (f" (budget {budget:.0%})" if budget is not None else ""),
+        "   escalated ", f"{esc / answers:.1%}" if frame.answers else "-", f" ({esc / frame.window_s:.1f}/s)",
+        "   degraded ", (f"{deg / answers:.1%}" if frame.answers else "-", "yellow" if deg else ""),
+        f" ({deg / frame.window_s:.1f}/s)",
+        "   dead letters ", (f"{frame.dlq_rate:.1f}/s", "yellow" if frame.dlq_rate else ""),
+    )
+    if th is not None:
+        values = "  ".join(f"{k}={getattr(th, k):g}" for k in _THRESHOLD_KEYS)
+        pins = f"  pinned: {', '.join(th.pinned)}" if th.pinned else ""
+        thr = Text.assemble(("thresholds ", "bold"), (f"v{th.version}", "bold cyan"),
+                            f" by {th.updated_by} ({th.reason})", pins, "\n  ", values)
+    else:
+        thr = Text("thresholds: -", style="dim")
+    parts: list[RenderableType] = [header, table, shares, thr]
+    if frame.dead_letters:
+        dl = Table(title="last dead letters", title_justify="left", title_style="bold", header_style="bold",
+                   show_edge=False, pad_edge=False)
+        dl.add_column("at", no_wrap=True)
+        dl.add_column("kind", no_wrap=True, style="yellow")
+        dl.add_column("stage", no_wrap=True)
+        dl.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=70)
+        for d in frame.dead_letters:
+            dl.add_row(time.strftime("%H:%M:%S", time.localtime(d.at_ms / 1000)), d.kind, d.stage, d.reason)
+        parts.append(dl)
+    else:
+        parts.append(Text("no dead letters", style="dim"))
+    parts += [Text(f"! {n}", style="bold red") for n in frame.notes]
+    return Group(*parts)
+
+
+# --------------------------------------------------------------------------- command
+def main(settings: Settings, once: bool = False, interval_s: float = 1.0, console: Console | None = None) -> int:
+    """`tierflow status`: redraw every `interval_s` until Ctrl-C; `once`: print one frame (after about
+    two seconds of data) and return 0. Raises ServiceUnavailable when Kafka or Redis is unreachable."""
+    check_reachable(settings.bootstrap, "Kafka")
+    check_reachable(settings.redis, "Redis")
+    console = console or Console(file=sys.stdout, width=None if sys.stdout.isatty() else 140)
+    status = Status(settings).start()
+    try:
+        if once:
+            status.collect(ONCE_COLLECT_S)
+            console.print(render(status.frame()))
+            return 0
+        status.collect(0.5)
+        with Live(render(status.frame()), console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                status.collect(max(0.1, interval_s))
+                live.update(render(status.frame()))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        status.close()
