@@ -255,7 +255,7 @@ def generator_from_settings(settings: Settings) -> Generator:
         from pipeline.topics import Tier
         from workers.models.http import OpenAIChatClassifier
 
-        return OpenAIChatClassifier.from_settings(settings, Tier.HEAVY)
+        return OpenAIChatClassifier.from_settings(settings, Tier.HEAVY, with_fallback=False)
     return CausalLMGenerator.from_path(choice, settings.generator_gguf_file,
                                        settings.generator_max_new_tokens)
 
