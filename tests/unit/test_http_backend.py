@@ -149,7 +149,7 @@ def stub() -> Iterator[Stub]:
     handler = type("Handler", (StubHandler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield Stub(f"http://127.0.0.1:{server.server_address[1]}/v1", state)

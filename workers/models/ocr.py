@@ -7,7 +7,8 @@ rec on onnxruntime; the `rapidocr-onnxruntime` wheel bundles the Chinese/English
 runs offline).
 
 Images are untrusted bytes: `load_image` accepts PNG, JPEG and WebP only, checks the pixel count
-from the header before decoding anything (decompression bombs), and turns every decoding failure
+from the header before decoding anything (decompression bombs: `max_image_pixels`, and Pillow's
+`Image.MAX_IMAGE_PIXELS` as an upper bound), and turns every decoding failure
 into `InvalidMessage("bad_image", ...)`, which the worker dead-letters instead of retrying.
 
 Confidence: the classifier's confidence on the fused text, discounted by how sure OCR was about
@@ -22,6 +23,7 @@ import io
 import logging
 import re
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -121,7 +123,12 @@ def load_image(data: bytes, max_pixels: int, max_side: int = MAX_OCR_SIDE) -> Im
     if not data:
         raise InvalidMessage("bad_image", "empty image")
     try:
-        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as probe:
+        with warnings.catch_warnings():
+            # Pillow warns (and only warns) between Image.MAX_IMAGE_PIXELS and twice that: make it an
+            # error, so the effective limit is min(max_pixels, Image.MAX_IMAGE_PIXELS).
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            probe = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+        with probe:
             width, height = probe.size
             fmt = probe.format
             # The header alone tells the size: reject bombs before a single pixel is decoded.
@@ -139,7 +146,7 @@ def load_image(data: bytes, max_pixels: int, max_side: int = MAX_OCR_SIDE) -> Im
         raise
     except UnidentifiedImageError:
         raise InvalidMessage("bad_image", f"not a {'/'.join(ALLOWED_FORMATS).lower()} image") from None
-    except Image.DecompressionBombError as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise InvalidMessage("bad_image", f"decompression bomb: {e}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, bad CRC, corrupt stream
         raise InvalidMessage("bad_image", f"undecodable {e.__class__.__name__}: {e}") from None
