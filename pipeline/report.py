@@ -348,7 +348,13 @@ def _plot_latency(ax: Axes, finals: Sequence[Mapping[str, Any]], summary: Summar
         ax.hist(vals, bins=bins, histtype="step", linewidth=1.8, color=color,
                 label=f"{tier} (n={len(vals)}, p95 {p95:.0f} ms)")
         ax.axvline(max(0.1, p95), color=color, linestyle="--", linewidth=1.2)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     ax.set_xscale("log")
+    # 1-2-5 ticks written as plain numbers: "200", not "2x10^2"
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("end-to-end latency (ms, log scale; dashed: p95)")
     ax.set_ylabel("answers")
     ax.set_title("Latency per tier")
@@ -365,14 +371,15 @@ def _plot_split(ax: Axes, finals: Sequence[Mapping[str, Any]]) -> None:
         if tier in counts:
             counts[tier][_bin_index(answer_ms(r), start, width, n)] += 1
     _, div, unit = _elapsed(finals)
-    x = (np.arange(n) * width + width / 2) / div
+    edges = np.arange(n + 1) * width / div
     present = [t for t in _TIERS if counts[t].sum() > 0]
-    ax.stackplot(x, *[counts[t] / width for t in present], labels=present,
-                 colors=[TIER_COLORS[t] for t in present], alpha=0.8, step=None)
+    # step="post" over the bin edges (last value repeated) draws each bin as a flat block
+    ax.stackplot(edges, *[np.append(counts[t], counts[t][-1]) / width for t in present], labels=present,
+                 colors=[TIER_COLORS[t] for t in present], alpha=0.8, step="post")
     ax.set_xlabel(f"time since first answer ({unit})")
     ax.set_ylabel(f"answers / s ({width:g} s bins)")
     ax.set_title("Traffic split over time")
-    ax.set_xlim(0, max(x[-1], width / div))
+    ax.set_xlim(0, n * width / div)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize=9)
 

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -124,6 +125,7 @@ class TopicTail:
 class TierView:
     tier: str
     workers: int
+    ready: int  # workers with their model loaded and partitions assigned
     models: str
     answers: int  # final answers in the window
     rate: float  # answers/s over the window
@@ -290,6 +292,7 @@ class Status:
         return TierView(
             tier=tier,
             workers=len(beats or []),
+            ready=sum(1 for b in beats or [] if b.get("ready", True)),
             models=", ".join(models),
             answers=len(mine),
             rate=len(mine) / window,
@@ -322,7 +325,7 @@ def render(frame: Frame) -> RenderableType:
     th = frame.thresholds
     header = Text.assemble(("tierflow status", "bold"), f"  {time.strftime('%H:%M:%S', time.localtime(frame.at))}"
                            f"  window {frame.window_s:.0f}s  ", (frame.source, "dim"))
-    table = Table(expand=False, header_style="bold", pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, expand=False, header_style="bold", pad_edge=False)
     for name, justify in (("tier", "left"), ("workers", "right"), ("answers/s", "right"), ("p95 ms", "right"),
                           ("worker p95", "right"), ("lag", "right"), ("escalated", "right"),
                           ("degraded", "right"), ("last answer", "right"), ("model", "left")):
@@ -332,7 +335,8 @@ def render(frame: Frame) -> RenderableType:
         p95_style = "red" if slo and t.p95_ms and t.p95_ms > slo else ""
         table.add_row(
             t.tier,
-            Text(str(t.workers), style="" if t.workers else "red"),
+            Text(str(t.workers) + (f" ({t.workers - t.ready} joining)" if t.ready < t.workers else ""),
+                 style="" if t.ready else "red"),
             f"{t.rate:.1f}",
             Text(_num(t.p95_ms), style=p95_style),
             _num(t.worker_p95_ms),
@@ -370,8 +374,8 @@ def render(frame: Frame) -> RenderableType:
         thr = Text("thresholds: -", style="dim")
     parts: list[RenderableType] = [header, table, shares, thr]
     if frame.dead_letters:
-        dl = Table(title="last dead letters", title_justify="left", title_style="bold", header_style="bold",
-                   show_edge=False, pad_edge=False)
+        dl = Table(box=box.SIMPLE_HEAD, title="last dead letters", title_justify="left", title_style="bold",
+                   header_style="bold", show_edge=False, pad_edge=False)
         dl.add_column("at", no_wrap=True)
         dl.add_column("kind", no_wrap=True, style="yellow")
         dl.add_column("stage", no_wrap=True)
