@@ -278,12 +278,15 @@ def summarize(results: list[dict[str, Any]], labels: dict[str, str], dlq: Sequen
 
 
 # --------------------------------------------------------------------------- figure
-def _windows(start_ms: int, end_ms: int, target: int, min_s: float) -> tuple[float, int]:
-    """(width s, count) of equal time windows covering [start, end]: about `target`, each >= min_s."""
+_NICE_WIDTHS_S = (0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+
+def _windows(start_ms: int, end_ms: int, target: int, min_s: float = 0.1) -> tuple[float, int]:
+    """(width s, count) of equal time windows covering [start, end]: about `target` of them, each at least
+    `min_s` wide, the width rounded up to a round number of seconds (axes read "per 5 s", not "per 4.7 s")."""
     span_s = max(0.001, (end_ms - start_ms) / 1000.0)
-    width = max(min_s, span_s / target)
-    if width >= 1.0:
-        width = float(math.ceil(width))  # whole seconds read better on an axis labelled per second
+    raw = max(min_s, span_s / target)
+    width = next((float(w) for w in _NICE_WIDTHS_S if w >= raw), math.ceil(raw / 3600) * 3600.0)
     return width, max(1, math.ceil(span_s / width + 1e-9))
 
 
@@ -352,7 +355,8 @@ def _plot_latency(ax: Axes, finals: Sequence[Mapping[str, Any]], summary: Summar
 
     ax.set_xscale("log")
     # 1-2-5 ticks written as plain numbers: "200", not "2x10^2"
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    narrow = hi / lo < 10  # less than a decade: more ticks, or the axis shows one or two numbers
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if narrow else (1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("end-to-end latency (ms, log scale; dashed: p95)")
@@ -364,7 +368,7 @@ def _plot_latency(ax: Axes, finals: Sequence[Mapping[str, Any]], summary: Summar
 
 def _plot_split(ax: Axes, finals: Sequence[Mapping[str, Any]]) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
-    width, n = _windows(start, end, target=120, min_s=1.0)
+    width, n = _windows(start, end, target=120)
     counts = {t: np.zeros(n) for t in _TIERS}
     for r in finals:
         tier = str(r.get("tier"))
@@ -387,7 +391,7 @@ def _plot_split(ax: Axes, finals: Sequence[Mapping[str, Any]]) -> None:
 def _plot_accuracy(ax: Axes, finals: Sequence[Mapping[str, Any]], labels: Mapping[str, str],
                    summary: Summary) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
-    width, n = _windows(start, end, target=12, min_s=1.0)
+    width, n = _windows(start, end, target=12)
     answered = np.zeros(n)
     heavy = np.zeros(n)
     labelled = np.zeros(n)
@@ -433,7 +437,7 @@ def _plot_accuracy(ax: Axes, finals: Sequence[Mapping[str, Any]], labels: Mappin
 
 def _plot_escalation(ax: Axes, finals: Sequence[Mapping[str, Any]], dlq_times: Sequence[int]) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
-    width, n = _windows(start, end, target=40, min_s=1.0)
+    width, n = _windows(start, end, target=40)
     answered, esc, deg = np.zeros(n), np.zeros(n), np.zeros(n)
     for r in finals:
         i = _bin_index(answer_ms(r), start, width, n)
@@ -452,6 +456,7 @@ def _plot_escalation(ax: Axes, finals: Sequence[Mapping[str, Any]], dlq_times: S
     ax.set_ylim(0, max(5.0, float(np.nanmax(np.concatenate([esc_pct, deg_pct, [0.0]]))) * 1.15))
     ax.set_xlabel(f"time since first answer ({unit})")
     ax.set_ylabel(f"% of answers ({width:g} s windows)")
+    ax.set_xlim(0, n * width / div)
     ax.set_title("Escalation and degradation over time")
     ax.grid(True, alpha=0.3)
     artists, names = ax.get_legend_handles_labels()

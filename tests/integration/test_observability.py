@@ -318,6 +318,9 @@ def test_status_says_when_kafka_is_unreachable(pipeline: Pipeline) -> None:
 # --------------------------------------------------------------------------- (c) report
 def test_report_after_the_run(pipeline: Pipeline, traffic: dict[str, Scrape], tmp_path: Path) -> None:
     snap = pipeline.drained(timeout=30)
+    # ground truth for 100 of the run's requests (schemas/label.v1.json): echo's intent is always "echo"
+    labels = [{"request_id": f"obs-{i}", "intent": "echo" if i % 4 else "card_arrival"} for i in range(100)]
+    produce_all(pipeline.settings, topics_of(pipeline.settings).labels, [orjson.dumps(x) for x in labels])
     out = pipeline.cli("report", "--out", str(tmp_path), timeout=60)
     assert out.returncode == 0, out.stderr
     png, txt = tmp_path / "report.png", tmp_path / "report.txt"
@@ -330,6 +333,7 @@ def test_report_after_the_run(pipeline: Pipeline, traffic: dict[str, Scrape], tm
         n = int(total(snap[f"worker-{tier}"], "tierflow_answers_total", tier=tier))
         assert re.search(rf"^{tier}\s+{n}\s", text, re.M), (tier, n, text)
     assert f"dead letters {int(dead)} (" in text and "not_json" in text, text
+    assert re.search(r"^all .* 75\.0% \(n=100\)$", text, re.M), text
     assert "heavy share" in text and "(budget 25.0%)" in text
 
     # The last N minutes: by record timestamp, so a window before the run holds nothing.
