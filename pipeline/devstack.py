@@ -138,9 +138,10 @@ class Stack:
         if self.settings.embedded_redis:
             self.start_redis()
 
-    def start_agent(self, name: str, *args: str) -> Proc:
-        """`tierflow <args>` as a child, dialling this stack's services."""
-        return self.spawn(name, [sys.executable, "-m", "pipeline.cli", *args], env=self.settings.with_env())
+    def start_agent(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        """`tierflow <args>` as a child, dialling this stack's services (`env` adds variables)."""
+        return self.spawn(name, [sys.executable, "-m", "pipeline.cli", *args],
+                          env={**self.settings.with_env(), **(env or {})})
 
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen.poll() is not None]

@@ -29,6 +29,7 @@ from pipeline.kafka import (
     make_consumer,
     make_producer,
     next_offsets,
+    poll_batch,
     produce,
     rewind,
     topics_of,
@@ -155,7 +156,7 @@ class Ingest:
 
     def step(self, timeout: float = 0.1) -> int:
         """Consume one batch, route it, flush, commit. Returns the number of records consumed."""
-        msgs = self.consumer.consume(self.s.ingest_batch, timeout)
+        msgs = poll_batch(self.consumer, self.s.ingest_batch, timeout)
         spare = self.s.ingest_batch // 2 - len(msgs)
         backfill = self.replay_consumer.consume(spare, 0) if spare > 0 else []
         if not msgs and not backfill:

@@ -102,6 +102,21 @@ def produce(producer: Producer, topic: str, value: bytes, key: bytes | str | Non
             producer.poll(0.05)
 
 
+def poll_batch(consumer: Consumer, max_size: int, timeout: float) -> list[Message]:
+    """What is buffered now, up to `max_size`; only when nothing is, wait up to `timeout` for the first record.
+
+    `consume(n, timeout)` alone waits the whole timeout for n records, which at low load adds the
+    timeout to every message's latency.
+    """
+    msgs = consumer.consume(max_size, 0)
+    if msgs:
+        return msgs
+    msgs = consumer.consume(1, timeout)
+    if msgs and max_size > 1:
+        msgs.extend(consumer.consume(max_size - 1, 0))
+    return msgs
+
+
 def next_offsets(msgs: Iterable[Message]) -> list[TopicPartition]:
     """The offsets to commit after `msgs` are done: last offset + 1 per partition."""
     top: dict[tuple[str, int], int] = {}

@@ -7,6 +7,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, Message
 
 from pipeline import metrics
+from pipeline.kafka import poll_batch
 
 
 def collect_batch(consumer: Consumer, max_size: int, max_wait_s: float, idle_timeout_s: float = 0.1) -> list[Message]:
@@ -15,7 +16,7 @@ def collect_batch(consumer: Consumer, max_size: int, max_wait_s: float, idle_tim
     A lone message waits no longer than `max_wait_s` for company, so latency at low load stays low and
     batches fill up under load.
     """
-    first = consumer.consume(max_size, idle_timeout_s)
+    first = poll_batch(consumer, max_size, idle_timeout_s)
     batch = _ok(first, consumer)
     if not first or len(first) >= max_size:
         return batch

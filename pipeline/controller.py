@@ -1,0 +1,439 @@
+"""Pure threshold control: window statistics + the Thresholds targets -> a decision (no I/O).
+
+The controller moves two knobs, `length_threshold` (longer requests go heavy by rule) and
+`escalate_below` (unsure light answers go heavy), so that the heavy tier answers `heavy_budget` of the
+text traffic:
+
+- Calibration (RouteLLM-style): the heavy share is predicted from the window's distributions, not
+  from the lagging measured share: `share = (1 - degraded) * (R(T) + (1 - R(T)) * F(t))`, with R(T)
+  the share a length threshold T routes heavy (VIPs always; non-VIPs longer than T, from the length
+  distribution) and F(t) the share of light answers with confidence below t. `escalate_below` is
+  set to the quantile of the light-confidence distribution that makes the prediction equal the
+  target. When the rules alone leave escalation less than `escalation_reserve` of the budget,
+  `length_threshold` rises to the length quantile that frees it.
+- Hysteresis: nothing moves while the predicted share is within `deadband` of the target (twice that
+  while a change is under observation); heavy-SLO shedding starts above the SLO and ends only below
+  `slo_recover` of it.
+- Bounded steps: `escalate_below` moves at most `max_escalate_step`, `length_threshold` at most a
+  factor `1 + max_length_step` per decision; never outside the Thresholds bounds; pinned keys stay.
+- Latency: while the heavy tier's p95 is over its SLO, traffic moves off heavy (length threshold up,
+  escalation down) one `shed_step` of share per `shed_cooldown_s`; after recovery the length
+  threshold walks back to where it was.
+- Rollback: each change is observed on the answers routed under it (results carry the threshold
+  version they were routed with). A change that moved traffic off heavy and cost more accuracy than
+  `rollback_accuracy_drop` beyond what it was expected to cost (moved share x the heavy-light
+  accuracy gap), or a change that moved traffic onto heavy and broke the heavy SLO by more than
+  `rollback_slo_margin`, is rolled back to the previous values; for `hold_after_rollback_s` the
+  controller then makes no move in that direction again.
+
+`score()` is the design article's per-model score, used to rank the models of a tier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from annotated_types import Ge, Gt, Le, Lt
+
+from pipeline.stats import AfterChange, Distribution, WindowStats
+from pipeline.thresholds import Thresholds
+
+KNOBS = ("length_threshold", "escalate_below")
+Direction = Literal["less_heavy", "more_heavy", "none"]
+Action = Literal["hold", "change", "rollback"]
+
+
+# --------------------------------------------------------------------------- the design article's score
+def score(latency_ms: float, max_latency_ms: float, accuracy: float, alpha: float = 0.5) -> float:
+    """`alpha * (1 - latency / max_latency) + (1 - alpha) * accuracy`, clamped to [0, 1].
+
+    `latency_ms`: the model's mean latency over its last N results; `max_latency_ms`: the latency that
+    earns no latency credit (the tier's SLO); `accuracy` in [0, 1]; `alpha` in [0, 1] weighs speed.
+    """
+    if max_latency_ms <= 0:
+        raise ValueError("max_latency_ms must be positive")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError("alpha must be in [0, 1]")
+    s = alpha * (1.0 - latency_ms / max_latency_ms) + (1.0 - alpha) * accuracy
+    return min(1.0, max(0.0, s))
+
+
+def score_of(latencies: Iterable[float], outcomes: Iterable[int], max_latency_ms: float, alpha: float = 0.5,
+             min_outcomes: int = 1) -> float | None:
+    """The score over a model's last N results: mean latency and the share of correct outcomes (1/0).
+
+    None while fewer than `min_outcomes` outcomes are known (accuracy unknown: no basis to rank).
+    """
+    lat = list(latencies)
+    out = list(outcomes)
+    if not lat or len(out) < max(1, min_outcomes):
+        return None
+    return score(sum(lat) / len(lat), max_latency_ms, sum(out) / len(out), alpha)
+
+
+def rank_models(scores: Mapping[str, float | None]) -> list[str]:
+    """Model names best first; models without a score last (in name order)."""
+    known = sorted((k for k, v in scores.items() if v is not None), key=lambda k: (-(scores[k] or 0.0), k))
+    return known + sorted(k for k, v in scores.items() if v is None)
+
+
+# --------------------------------------------------------------------------- state and decisions
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Tuning of the controller. Shares are fractions of text answers; times are seconds."""
+
+    min_results: int = 200  # text answers in the window before acting
+    min_confidence: int = 100  # light confidences in the window before calibrating escalate_below
+    min_tier_results: int = 20  # answers of a tier before its p95 is trusted
+    deadband: float = 0.01
+    escalation_reserve: float = 0.2  # share of the budget kept for escalation when rules take the rest
+    max_escalate_step: float = 0.05
+    min_escalate_delta: float = 0.005
+    max_length_step: float = 0.25  # relative
+    min_length_delta: int = 2
+    slo_tolerance: float = 0.0  # heavy p95 > slo * (1 + tolerance): shed
+    slo_recover: float = 0.8  # heavy p95 < slo * recover: stop shedding
+    shed_step: float = 0.05
+    shed_cooldown_s: float = 30.0  # at least a window, so the last shed shows in the p95
+    observe_s: float = 60.0  # how long a change is watched for a rollback
+    min_check_labeled: int = 50
+    min_check_heavy: int = 20
+    rollback_accuracy_drop: float = 0.05
+    rollback_slo_margin: float = 0.2  # heavy p95 > slo * (1 + margin) after a more-heavy change
+    hold_after_rollback_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change the controller made, under observation until accepted or rolled back."""
+
+    version: int  # the version it wrote (0 until written)
+    previous_version: int
+    at_s: float
+    values_before: Mapping[str, float]
+    values_after: Mapping[str, float]
+    direction: Direction
+    shed: bool
+    baseline_accuracy: float | None
+    baseline_heavy_p95_ms: float | None
+    expected_accuracy_cost: float = 0.0  # accuracy the change was expected to give up (less heavy)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    """What the controller remembers between decisions (persisted by the agent)."""
+
+    pending: Change | None = None
+    shed_target: float | None = None  # heavy share aimed at while shedding for the SLO
+    shed_at_s: float = 0.0
+    length_home: int | None = None  # length_threshold before shedding raised it
+    hold_until_s: float = 0.0  # after a rollback, no move in the `blocked` direction until then
+    blocked: Direction | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ControllerState:
+        p = d.get("pending")
+        pending = Change(**{**p, "values_before": dict(p["values_before"]),
+                            "values_after": dict(p["values_after"])}) if p else None
+        return cls(pending=pending, shed_target=d.get("shed_target"), shed_at_s=float(d.get("shed_at_s", 0.0)),
+                   length_home=d.get("length_home"), hold_until_s=float(d.get("hold_until_s", 0.0)),
+                   blocked=d.get("blocked"))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do now. `state` is the state to keep once the decision is carried out."""
+
+    action: Action
+    reason: str
+    inputs: dict[str, Any]
+    state: ControllerState
+    values: dict[str, float | int] = field(default_factory=dict)
+    rollback_to: int | None = None
+    change: Change | None = None  # for action == "change": what to observe once written
+
+
+def applied(decision: Decision, version: int) -> ControllerState:
+    """The state after `decision` was written as threshold `version`."""
+    if decision.action == "change" and decision.change is not None:
+        return replace(decision.state, pending=replace(decision.change, version=version))
+    return decision.state
+
+
+# --------------------------------------------------------------------------- bounds
+def _bounds(key: str) -> tuple[float, float]:
+    lo, hi = -math.inf, math.inf
+    for m in Thresholds.model_fields[key].metadata:
+        if isinstance(m, Ge):
+            lo = float(m.ge)  # type: ignore[arg-type]
+        elif isinstance(m, Gt):
+            lo = float(m.gt) + (1 if key == "length_threshold" else 1e-9)  # type: ignore[arg-type]
+        elif isinstance(m, Le):
+            hi = float(m.le)  # type: ignore[arg-type]
+        elif isinstance(m, Lt):
+            hi = float(m.lt) - (1 if key == "length_threshold" else 1e-9)  # type: ignore[arg-type]
+    return lo, hi
+
+
+BOUNDS: dict[str, tuple[float, float]] = {k: _bounds(k) for k in KNOBS}
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return min(hi, max(lo, x))
+
+
+# --------------------------------------------------------------------------- the share model
+def rule_share(w: WindowStats, length_threshold: float) -> float:
+    """Share of text requests the rules send heavy at `length_threshold` (VIPs + longer ones)."""
+    nonvip = 1.0 - w.vip_share
+    if w.chars.count == 0:
+        return w.rule_heavy_share
+    return w.vip_share + nonvip * (1.0 - w.chars.cdf(length_threshold + 0.5))
+
+
+def predicted_share(w: WindowStats, length_threshold: float, escalate_below: float) -> float:
+    """Heavy share of text answers the thresholds would give on this window's traffic."""
+    r = rule_share(w, length_threshold)
+    return (1.0 - w.degraded_share) * (r + (1.0 - r) * w.confidence.cdf(escalate_below))
+
+
+def calibrate_escalation(confidence: Distribution, target: float, rule: float) -> tuple[float, float]:
+    """(escalate_below, q): the confidence quantile q that tops the rule share `rule` up to `target`."""
+    q = _clamp((target - rule) / (1.0 - rule), 0.0, 1.0) if rule < 1.0 else 0.0
+    if q <= 0.0:
+        return 0.0, 0.0
+    if q >= 1.0:
+        return 1.0, 1.0
+    t = confidence.quantile(q)
+    return (0.0 if t is None else t), q
+
+
+def calibrate_length(w: WindowStats, rule_target: float) -> float | None:
+    """The length threshold at which the rules route `rule_target` of text traffic heavy (None: unknown)."""
+    nonvip = 1.0 - w.vip_share
+    if w.chars.count == 0 or nonvip <= 0.0:
+        return None
+    over = (rule_target - w.vip_share) / nonvip  # share of non-VIP requests to be longer than T
+    if over <= 0.0:
+        return math.inf
+    return w.chars.quantile(1.0 - min(1.0, over))
+
+
+def _direction(before: float, after: float, eps: float = 1e-4) -> Direction:
+    if after < before - eps:
+        return "less_heavy"
+    if after > before + eps:
+        return "more_heavy"
+    return "none"
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def _inputs(w: WindowStats, th: Thresholds, now_s: float) -> dict[str, Any]:
+    tiers = {}
+    for name, t in w.tiers.items():
+        tiers[name] = {"answers": t.finals, "p95_ms": _r(t.p95_ms, 1), "accuracy": _r(t.accuracy),
+                       "labeled": t.labeled, "agreement": _r(t.agreement), "agreed": t.agreed,
+                       "escalation_rate": _r(t.escalation_rate), "degradation_rate": _r(t.degradation_rate)}
+    return {
+        "at": round(now_s, 3),
+        "text_answers": w.text_finals,
+        "heavy_share": _r(w.heavy_share),
+        "rule_heavy_share": _r(w.rule_heavy_share),
+        "escalated_share": _r(w.escalated_share),
+        "degraded_share": _r(w.degraded_share),
+        "heavy_budget": th.heavy_budget,
+        "accuracy": _r(w.accuracy),
+        "labeled": w.labeled,
+        "min_accuracy": th.min_accuracy,
+        "heavy_slo_p95_ms": th.heavy_slo_p95_ms,
+        "light_slo_p95_ms": th.light_slo_p95_ms,
+        "tiers": tiers,
+    }
+
+
+# --------------------------------------------------------------------------- the decision
+def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float,
+           cfg: ControllerConfig) -> tuple[str, str]:
+    """('rollback' | 'accept' | 'observe', why) for the change under observation."""
+    age = now_s - p.at_s
+    if after is not None and after.version == p.version:
+        if p.direction == "less_heavy" and not p.shed and after.accuracy is not None \
+                and after.labeled >= cfg.min_check_labeled and p.baseline_accuracy is not None:
+            drop = p.baseline_accuracy - after.accuracy
+            allowed = cfg.rollback_accuracy_drop + p.expected_accuracy_cost
+            if drop > allowed:
+                return "rollback", (f"accuracy fell {p.baseline_accuracy:.3f} -> {after.accuracy:.3f}, more than "
+                                    f"{allowed:.3f} (bound {cfg.rollback_accuracy_drop:.3f} + expected "
+                                    f"{p.expected_accuracy_cost:.3f}) on {after.labeled} labeled answers")
+        limit = th.heavy_slo_p95_ms * (1.0 + cfg.rollback_slo_margin)
+        if p.direction == "more_heavy" and after.heavy_p95_ms is not None \
+                and after.heavy >= cfg.min_check_heavy and after.heavy_p95_ms > limit \
+                and (p.baseline_heavy_p95_ms is None or p.baseline_heavy_p95_ms <= limit):
+            return "rollback", (f"heavy p95 {after.heavy_p95_ms:.0f} ms broke the SLO "
+                                f"{th.heavy_slo_p95_ms:.0f} ms by more than {cfg.rollback_slo_margin:.0%}")
+    if age >= cfg.observe_s:
+        return "accept", f"v{p.version} held for {age:.0f}s"
+    return "observe", ""
+
+
+def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
+           after: AfterChange | None = None, cfg: ControllerConfig | None = None) -> Decision:
+    """The controller's move for this window. Pure: the caller writes `values` and keeps `state`."""
+    cfg = cfg or ControllerConfig()
+    inputs = _inputs(w, th, now_s)
+    pinned = set(th.pinned)
+    notes: list[str] = []
+
+    # 1. the change under observation: keep, accept or roll back
+    if state.pending is not None:
+        verdict, why = _judge(state.pending, after, th, now_s, cfg)
+        if verdict == "rollback":
+            p = state.pending
+            restore: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
+                                               for k, v in p.values_before.items() if k not in pinned}
+            inputs.update(rolled_back=p.version, rollback_to=p.previous_version,
+                          after_change=asdict(after) if after else None)
+            reason = f"rollback v{p.version} to v{p.previous_version}: {why}"
+            new_state = replace(state, pending=None, hold_until_s=now_s + cfg.hold_after_rollback_s,
+                                blocked=p.direction)
+            return Decision("rollback", reason, inputs, new_state, restore, rollback_to=p.previous_version)
+        if verdict == "accept":
+            state = replace(state, pending=None)
+
+    def hold(why: str) -> Decision:
+        return Decision("hold", why, inputs, state)
+
+    if state.blocked is not None and now_s >= state.hold_until_s:
+        state = replace(state, blocked=None)
+    if w.text_finals < cfg.min_results:
+        return hold(f"{w.text_finals} text answers in the window (< {cfg.min_results})")
+    if w.degraded_share >= 1.0:
+        return hold("all heavy-bound traffic is degraded to light")
+
+    cur_len = th.length_threshold
+    cur_esc = th.escalate_below
+    heavy = w.tier("heavy")
+    light = w.tier("light")
+    p95 = heavy.p95_ms if heavy is not None and heavy.finals >= cfg.min_tier_results else None
+    slo = th.heavy_slo_p95_ms
+    inputs["heavy_p95_ms"] = _r(p95, 1)
+
+    # 2. the heavy SLO: shed traffic off heavy while it is breached, walk back after recovery
+    shed = False
+    if p95 is not None and p95 > slo * (1.0 + cfg.slo_tolerance):
+        if state.shed_target is None or now_s - state.shed_at_s >= cfg.shed_cooldown_s:
+            base = th.heavy_budget if state.shed_target is None else state.shed_target
+            target_share = max(0.0, min(base, w.heavy_share) - cfg.shed_step)
+            state = replace(state, shed_target=target_share, shed_at_s=now_s,
+                            length_home=state.length_home if state.length_home is not None else cur_len)
+            shed = True
+            notes.append(f"heavy p95 {p95:.0f} ms > SLO {slo:.0f} ms: shedding heavy traffic to "
+                         f"{target_share:.3f} of answers")
+    elif state.shed_target is not None and (p95 is None or p95 < slo * cfg.slo_recover):
+        notes.append(f"heavy p95 {p95 or 0.0:.0f} ms back under {cfg.slo_recover:.0%} of SLO: "
+                     f"returning to the budget {th.heavy_budget:.3f}")
+        state = replace(state, shed_target=None)
+    shedding = state.shed_target is not None
+    target = state.shed_target if state.shed_target is not None else th.heavy_budget
+    inputs["target_share"] = round(target, 4)
+    if light is not None and light.p95_ms is not None and light.finals >= cfg.min_tier_results \
+            and light.p95_ms > th.light_slo_p95_ms:
+        notes.append(f"light p95 {light.p95_ms:.0f} ms > SLO {th.light_slo_p95_ms:.0f} ms (add light workers)")
+    if w.accuracy is not None and w.labeled >= cfg.min_check_labeled and w.accuracy < th.min_accuracy:
+        notes.append(f"accuracy {w.accuracy:.3f} < min_accuracy {th.min_accuracy:.3f}")
+
+    # 3. calibrate: targets are for the traffic the degraded share leaves controllable
+    goal = min(1.0, target / (1.0 - w.degraded_share))
+    before = predicted_share(w, cur_len, cur_esc)
+    inputs["predicted_share"] = round(before, 4)
+    band = cfg.deadband
+    if state.length_home is not None and not shedding and cur_len <= state.length_home:
+        state = replace(state, length_home=None)  # back home after a shed
+    going_home = (state.length_home is not None and not shedding and "length_threshold" not in pinned)
+    if going_home:
+        floor = calibrate_length(w, goal - cfg.escalation_reserve * goal)
+        if floor is not None and floor >= cur_len - cfg.min_length_delta:
+            state = replace(state, length_home=None)  # the budget needs the length where it is
+            going_home = False
+    if abs(before - target) <= band and not shed and not going_home:
+        return hold(_join(notes, f"predicted heavy share {before:.3f} within {band:.3f} of target {target:.3f}"))
+
+    lo_len, hi_len = BOUNDS["length_threshold"]
+    new_len = float(cur_len)
+    if "length_threshold" not in pinned:
+        reserve = cfg.escalation_reserve * goal
+        rule = rule_share(w, cur_len)
+        wanted: float | None = None
+        if shed:
+            wanted = cur_len * (1.0 + cfg.max_length_step)
+        elif rule > goal - reserve:
+            wanted = calibrate_length(w, goal - reserve)
+        elif going_home and state.length_home is not None:
+            home = calibrate_length(w, goal - reserve)  # walk back, but not past what the budget allows
+            wanted = max(float(state.length_home), home if home is not None else float(state.length_home))
+        if wanted is not None:
+            step = _clamp(wanted, cur_len / (1.0 + cfg.max_length_step), cur_len * (1.0 + cfg.max_length_step))
+            new_len = _clamp(float(math.ceil(step) if step > cur_len else math.floor(step)), lo_len, hi_len)
+            if abs(new_len - cur_len) < cfg.min_length_delta and not (shed and new_len != cur_len):
+                new_len = float(cur_len)
+    new_esc = cur_esc
+    q = None
+    if "escalate_below" not in pinned and w.confidence.count >= cfg.min_confidence:
+        want_esc, q = calibrate_escalation(w.confidence, goal, rule_share(w, new_len))
+        lo_esc, hi_esc = BOUNDS["escalate_below"]
+        step_esc = _clamp(want_esc - cur_esc, -cfg.max_escalate_step, cfg.max_escalate_step)
+        new_esc = _clamp(cur_esc + step_esc, lo_esc, hi_esc)
+        if shed:
+            new_esc = min(new_esc, cur_esc)  # shedding never escalates more
+        if abs(new_esc - cur_esc) < cfg.min_escalate_delta:
+            new_esc = cur_esc
+        new_esc = round(new_esc, 4)
+    elif "escalate_below" not in pinned:
+        notes.append(f"{w.confidence.count} light confidences (< {cfg.min_confidence}): escalate_below kept")
+
+    values: dict[str, float | int] = {}
+    if int(new_len) != cur_len:
+        values["length_threshold"] = int(new_len)
+    if new_esc != cur_esc:
+        values["escalate_below"] = new_esc
+    if not values:
+        return hold(_join(notes, f"predicted heavy share {before:.3f} vs target {target:.3f}: "
+                                 "no allowed move (pinned, bounded or no data)"))
+    after_share = predicted_share(w, new_len, new_esc)
+    direction = _direction(before, after_share)
+    if state.blocked is not None and direction == state.blocked and not shed:
+        return hold(_join(notes, f"a {direction.replace('_', '-')} move was rolled back; not again for "
+                                 f"{state.hold_until_s - now_s:.0f}s (predicted heavy share {before:.3f} vs "
+                                 f"target {target:.3f})"))
+    cost = 0.0
+    if direction == "less_heavy" and heavy is not None and light is not None \
+            and heavy.accuracy is not None and light.accuracy is not None:
+        cost = (before - after_share) * max(0.0, heavy.accuracy - light.accuracy)
+    inputs.update(predicted_after=round(after_share, 4), confidence_quantile=_r(q),
+                  rule_share_after=round(rule_share(w, new_len), 4))
+    moves = ", ".join(f"{k} {_fmt(getattr(th, k))} -> {_fmt(v)}" for k, v in values.items())
+    what = "shed" if shed else "calibrate"
+    reason = _join(notes, f"{what}: heavy share {w.heavy_share:.3f} (predicted {before:.3f}) vs target "
+                          f"{target:.3f}: {moves} (predicted {after_share:.3f})")
+    change = Change(version=0, previous_version=th.version, at_s=now_s,
+                    values_before={k: getattr(th, k) for k in values}, values_after=dict(values),
+                    direction=direction, shed=shed, baseline_accuracy=w.accuracy,
+                    baseline_heavy_p95_ms=p95, expected_accuracy_cost=round(cost, 4))
+    return Decision("change", reason, inputs, state, values, change=change)
+
+
+def _fmt(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.4g}"
+
+
+def _join(notes: list[str], main: str) -> str:
+    return "; ".join([*notes, main])

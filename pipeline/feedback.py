@@ -1,0 +1,430 @@
+"""The feedback agent: results and labels -> windowed statistics -> controller -> thresholds in Redis.
+
+A faust-streaming app (web server off) reads `tierflow.results` and `tierflow.labels` in batches
+(`stream.take_events(max_, within)`), feeds `pipeline.stats.Aggregator` (windows per tier and per
+model, label and shadow joins) and, every `interval_s`, runs `pipeline.controller.decide` and writes
+its changes with `ThresholdStore.update(..., respect_pins=True)`, reason and inputs included, or rolls
+a bad change back. It publishes the model scores, accuracy, heavy share and tier p95 metrics.
+
+Durable state lives in Redis, not in faust tables (tansu's changelog recovery lost updates): every
+interval the whole state (windows, last-N per model, pending joins, the change under observation,
+the last offset per partition) is written as one JSON snapshot to `<redis_prefix>feedback:state`,
+and only then are the consumer offsets committed. On start the snapshot is restored and records at
+or below its offsets are skipped, so a restart neither loses nor double-counts what was snapshotted.
+A Redis outage is survived: statistics keep accumulating, control and snapshots pause (offsets are
+not committed meanwhile) and resume when Redis answers again; a snapshot that could not be read at
+start is merged in once it can.
+
+Run one feedback agent per pipeline (`tierflow feedback`): it is the single writer of the controller's
+thresholds. Knobs are `TIERFLOW_FEEDBACK_*` variables (see `FeedbackConfig`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import faust
+import orjson
+import redis
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline import metrics
+from pipeline.controller import (
+    KNOBS,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    applied,
+    decide,
+    rank_models,
+    score_of,
+)
+from pipeline.errors import InvalidThresholds
+from pipeline.kafka import check_reachable
+from pipeline.settings import Settings
+from pipeline.stats import AfterChange, AggConfig, Aggregator, WindowStats
+from pipeline.thresholds import Thresholds, ThresholdStore
+from pipeline.topics import Topics
+
+log = logging.getLogger(__name__)
+
+WHO = "feedback"
+
+
+class FeedbackConfig(BaseSettings):
+    """Knobs of the feedback agent, `TIERFLOW_FEEDBACK_<FIELD>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="TIERFLOW_FEEDBACK_", extra="ignore")
+
+    window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
+    hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
+    interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")
+    take_max: int = Field(2000, ge=1, description="records per processed batch")
+    take_within_s: float = Field(0.2, gt=0, description="longest wait to fill a batch")
+    label_ttl_s: float = Field(300.0, gt=0, description="how long a label or a result waits for its partner")
+    shadow_ttl_s: float = Field(60.0, gt=0)
+    max_pending: int = Field(20_000, ge=1, description="entries per join kept at most")
+    last_n: int = Field(500, ge=1, description="results per model behind its score")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="score weight of latency vs accuracy")
+    min_score_outcomes: int = Field(20, ge=1, description="label/shadow outcomes before a model is scored")
+    min_results: int = Field(200, ge=1, description="text answers in the window before the controller acts")
+    deadband: float = Field(0.01, ge=0.0, le=0.5)
+    observe_s: float | None = Field(None, gt=0, description="rollback watch per change; unset: 2 windows")
+    control: bool = Field(True, description="false: measure and publish metrics, never write thresholds")
+    group: str | None = Field(None, description="consumer group / faust app id; unset: <topic prefix>feedback")
+    fetch_wait_ms: int = Field(25, ge=0, description="broker fetch wait (tansu needs it short)")
+
+    def agg(self) -> AggConfig:
+        return AggConfig(window_ms=int(self.window_s * 1000), hop_ms=int(min(self.hop_s, self.window_s) * 1000),
+                         last_n=self.last_n, label_ttl_ms=int(self.label_ttl_s * 1000),
+                         shadow_ttl_ms=int(self.shadow_ttl_s * 1000), max_pending=self.max_pending)
+
+    def controller(self) -> ControllerConfig:
+        return ControllerConfig(min_results=self.min_results, deadband=self.deadband,
+                                shed_cooldown_s=self.window_s,
+                                observe_s=self.observe_s if self.observe_s is not None else 2 * self.window_s)
+
+
+def group_of(settings: Settings, cfg: FeedbackConfig) -> str:
+    return cfg.group or f"{settings.topic_prefix.rstrip('.:')}-feedback"
+
+
+# --------------------------------------------------------------------------- the agent's state and I/O
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one control tick did (for logs and tests)."""
+
+    decision: Decision | None
+    written: Thresholds | None
+    error: str | None = None
+
+
+class Feedback:
+    """The agent without faust: feed batches, `tick()` every interval. Redis I/O is in `*_io` methods."""
+
+    def __init__(self, settings: Settings, cfg: FeedbackConfig | None = None,
+                 client: redis.Redis | None = None) -> None:
+        self.s = settings
+        self.cfg = cfg or FeedbackConfig()
+        self.topics = Topics(settings.topic_prefix)
+        self.r = client or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.store = ThresholdStore(self.r, settings.redis_prefix)
+        self.state_key = f"{settings.redis_prefix}feedback:state"
+        self.agg = Aggregator(self.cfg.agg())
+        self.ctl_cfg = self.cfg.controller()
+        self.state = ControllerState()
+        self.restored = False
+        self.thresholds: Thresholds | None = None
+        self.last: TickResult | None = None
+        self.redis_ok = True
+        self._last_warn = 0.0
+
+    # --- records (event loop; no I/O) ---
+    def add(self, topic: str, partition: int, offset: int | None, value: bytes | None, now_ms: int) -> None:
+        """One record of the results or labels topic."""
+        if offset is not None and not self.agg.fresh(f"{topic}:{partition}", offset):
+            return  # processed before the snapshot we restored
+        if value is None:
+            self.agg.invalid += 1
+            return
+        try:
+            rec = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            self.agg.invalid += 1
+            return
+        if not isinstance(rec, dict):
+            self.agg.invalid += 1
+        elif topic == self.topics.results:
+            self.agg.add_result(rec, now_ms)
+        else:
+            self.agg.add_label(rec, now_ms)
+
+    # --- snapshots ---
+    def snapshot(self, now_ms: int) -> bytes:
+        return orjson.dumps({"saved_at": now_ms, "agg": self.agg.to_json(), "controller": self.state.to_json()})
+
+    def load(self, raw: bytes | str) -> None:
+        """Restore (or merge, when records were already counted) a snapshot."""
+        data = orjson.loads(raw)
+        old = Aggregator.from_json(data["agg"], self.cfg.agg())
+        if self.agg.observed == 0 and not self.agg.offsets:
+            self.agg = old
+        else:
+            self.agg.merge(old)
+        if self.state == ControllerState():
+            self.state = ControllerState.from_json(data["controller"])
+        log.info("feedback: restored state saved %.1fs ago: %d results so far, %d buckets, %d pending label joins, "
+                 "change under watch: %s", (time.time() * 1000 - data["saved_at"]) / 1000, self.agg.observed,
+                 len(self.agg.buckets), len(self.agg.awaiting),
+                 f"v{self.state.pending.version}" if self.state.pending else "none")
+
+    def restore_io(self) -> bool:
+        """Read the snapshot from Redis (blocking). True once restored or known absent."""
+        if self.restored:
+            return True
+        try:
+            raw = self.r.get(self.state_key)
+        except (redis.RedisError, OSError) as e:
+            self._redis_down(e, "restore")
+            return False
+        if raw is not None:
+            try:
+                self.load(raw)
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("feedback: ignoring an unreadable state snapshot at %s: %s", self.state_key, e)
+        self.restored = True
+        return True
+
+    def save_io(self, payload: bytes) -> bool:
+        try:
+            self.r.set(self.state_key, payload)
+        except (redis.RedisError, OSError) as e:
+            self._redis_down(e, "snapshot")
+            return False
+        self._redis_up()
+        return True
+
+    # --- control ---
+    def measure(self, now_ms: int) -> WindowStats:
+        """Expire old data and summarize the window (event loop; pure)."""
+        self.agg.expire(now_ms)
+        return self.agg.window(now_ms)
+
+    def control_io(self, w: WindowStats, after: AfterChange | None, now_s: float) -> TickResult:
+        """Read the thresholds, decide, write the decision (blocking; touches no state the stream mutates)."""
+        try:
+            th = self.store.get()
+        except (redis.RedisError, OSError) as e:
+            self._redis_down(e, "read thresholds")
+            return TickResult(None, None, f"redis: {e.__class__.__name__}")
+        except InvalidThresholds as e:
+            log.error("feedback: %s", e)
+            return TickResult(None, None, str(e))
+        self._redis_up()
+        self.thresholds = th
+        d = decide(w, th, self.state, now_s, after, self.ctl_cfg)
+        if d.action == "hold" or not self.cfg.control:
+            return TickResult(d, None)
+        try:
+            doc = self.store.update(WHO, d.reason, d.inputs, respect_pins=True, **d.values)
+        except (redis.RedisError, OSError) as e:
+            self._redis_down(e, "write thresholds")
+            return TickResult(d, None, f"redis: {e.__class__.__name__}")
+        except InvalidThresholds as e:
+            log.error("feedback: the controller proposed invalid values %s: %s", d.values, e)
+            return TickResult(d, None, str(e))
+        log.info("feedback: v%d %s: %s", doc.version, d.action, d.reason)
+        return TickResult(d, doc)
+
+    def after_tick(self, res: TickResult) -> None:
+        """Keep the controller's state and the since-change tracking in step with what was written."""
+        self.last = res
+        d = res.decision
+        if d is None:
+            return
+        if res.written is not None:
+            self.thresholds = res.written
+            self.state = applied(d, res.written.version)
+            self.agg.track_since(res.written.version if d.action == "change" else None)
+        elif d.action == "hold" or not self.cfg.control:
+            self.state = d.state
+            if self.state.pending is None and self.agg.since is not None:
+                self.agg.track_since(None)
+        if self.thresholds is not None:
+            self.agg.shadow_rate = self.thresholds.shadow_rate
+
+    def publish(self, w: WindowStats) -> None:
+        """Prometheus gauges for the window."""
+        metrics.HEAVY_SHARE.set(w.heavy_share)
+        for tier, t in w.tiers.items():
+            if t.p95_ms is not None:
+                metrics.TIER_P95.labels(tier).set(t.p95_ms / 1000.0)
+            if t.accuracy is not None:
+                metrics.ACCURACY.labels(tier, "labels").set(t.accuracy)
+            if t.agreement is not None:
+                metrics.ACCURACY.labels(tier, "shadow").set(t.agreement)
+        th = self.thresholds or Thresholds()
+        for tier, ranked in self.scores(th).items():
+            for model, value in ranked:
+                if value is not None:
+                    metrics.MODEL_SCORE.labels(tier, model).set(value)
+        if self.thresholds is not None:
+            metrics.THRESHOLD_VERSION.set(th.version)
+            for key in KNOBS:
+                metrics.THRESHOLD.labels(key).set(float(getattr(th, key)))
+
+    def scores(self, th: Thresholds) -> dict[str, list[tuple[str, float | None]]]:
+        """Per tier, its models best first with the design article's score over their last N results."""
+        by_tier: dict[str, dict[str, float | None]] = {}
+        for key, rec in self.agg.recent.items():
+            tier, _, model = key.partition("/")
+            slo = th.light_slo_p95_ms if tier == "light" else th.heavy_slo_p95_ms
+            outcomes = rec.correct if len(rec.correct) >= self.cfg.min_score_outcomes else rec.agree
+            by_tier.setdefault(tier, {})[model] = score_of(rec.latency, outcomes, slo, self.cfg.alpha,
+                                                           self.cfg.min_score_outcomes)
+        return {tier: [(m, s[m]) for m in rank_models(s)] for tier, s in by_tier.items()}
+
+    # --- Redis health ---
+    def _redis_down(self, e: Exception, what: str) -> None:
+        metrics.REDIS_ERRORS.labels("feedback").inc()
+        now = time.monotonic()
+        if self.redis_ok or now - self._last_warn > 10.0:
+            self._last_warn = now
+            log.warning("feedback: Redis unavailable (%s: %s); statistics continue, control and snapshots "
+                        "resume when it is back", what, e.__class__.__name__)
+        self.redis_ok = False
+
+    def _redis_up(self) -> None:
+        if not self.redis_ok:
+            log.info("feedback: Redis is back")
+        self.redis_ok = True
+
+    # --- one interval ---
+    async def tick(self, commit: Any = None) -> TickResult:
+        """Restore if still pending, measure, control, publish, snapshot, then commit offsets."""
+        if not self.restored:
+            await asyncio.to_thread(self.restore_io)
+        now = time.time()
+        w = self.measure(int(now * 1000))
+        res = await asyncio.to_thread(self.control_io, w, self.agg.after_change(), now)
+        self.after_tick(res)
+        self.publish(w)
+        if self.restored:  # never overwrite a snapshot we have not read yet
+            saved = await asyncio.to_thread(self.save_io, self.snapshot(int(time.time() * 1000)))
+            if saved and commit is not None:
+                await commit()
+        return res
+
+
+# --------------------------------------------------------------------------- faust
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """faust hard-codes a 1500 ms fetch wait; tansu and a 2 s control loop want it short."""
+
+    fetch_wait_ms = 25
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        if hasattr(consumer, "_fetch_max_wait_ms"):
+            consumer._fetch_max_wait_ms = self.fetch_wait_ms
+        return consumer
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _Consumer
+
+
+class _App(faust.App):
+    def _new_transport(self) -> Any:
+        return _Transport(self.conf.broker_consumer, self)
+
+
+def _credentials(s: Settings) -> Any:
+    """faust credentials from the Kafka security settings (None: plaintext)."""
+    proto = s.kafka_security_protocol
+    if proto == "PLAINTEXT":
+        return None
+    ctx = None
+    if proto in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=s.kafka_ssl_ca_location)
+        if s.kafka_ssl_certificate_location:
+            ctx.load_cert_chain(s.kafka_ssl_certificate_location, s.kafka_ssl_key_location,
+                                s.kafka_ssl_key_password.get_secret_value() if s.kafka_ssl_key_password else None)
+    if proto == "SSL":
+        return faust.SSLCredentials(ctx)
+    return faust.SASLCredentials(
+        username=s.kafka_sasl_username, password=s.kafka_sasl_password.get_secret_value()
+        if s.kafka_sasl_password else None, mechanism=s.kafka_sasl_mechanism or "PLAIN", ssl_context=ctx)
+
+
+def build_app(fb: Feedback) -> faust.App:
+    """The faust app: one agent over results + labels, one timer for the control loop."""
+    s, cfg = fb.s, fb.cfg
+    _ConsumerThread.fetch_wait_ms = cfg.fetch_wait_ms
+    app = _App(
+        group_of(s, cfg),
+        broker=",".join(f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")),
+        broker_credentials=_credentials(s),
+        web_enabled=False,
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=3600.0,  # offsets are committed after each snapshot (see Feedback.tick)
+        broker_commit_every=1_000_000_000,
+        consumer_auto_offset_reset="earliest",  # tansu's ListOffsets end offsets are wrong
+        consumer_max_fetch_size=s.max_message_bytes,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        datadir=str(s.data_dir / "feedback"),
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    channel = app.topic(fb.topics.results, fb.topics.labels, key_type=bytes, value_type=bytes)
+
+    async def consume(stream: faust.StreamT[bytes]) -> None:
+        batches = cast(faust.Stream[bytes], stream).take_events(cfg.take_max, within=cfg.take_within_s)
+        async for events in batches:
+            now = int(time.time() * 1000)
+            for ev in events:
+                m = ev.message
+                fb.add(m.topic, m.partition, m.offset, ev.value, now)
+
+    app.agent(channel, name="feedback")(consume)
+
+    async def control() -> None:
+        try:
+            await fb.tick(app.consumer.commit)
+        except Exception:  # a tick must never take the agent down
+            log.exception("feedback: control tick failed")
+
+    app.timer(cfg.interval_s, name="feedback-control")(control)
+    return app
+
+
+# --------------------------------------------------------------------------- entry point
+def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
+    """Run the feedback agent until SIGTERM / SIGINT; 0 on a clean stop."""
+    cfg = cfg or FeedbackConfig()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("faust", "mode", "aiokafka"):  # their INFO is a page per rebalance
+        logging.getLogger(noisy).setLevel(max(logging.getLogger().level, logging.WARNING))
+    check_reachable(settings.bootstrap, "Kafka")
+    metrics.serve(settings.metrics_port)
+    fb = Feedback(settings, cfg)
+    if not fb.restore_io():
+        log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
+    app = build_app(fb)
+    worker = faust.Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
+                          redirect_stdouts=False, override_logging=False)
+    worker.spinner = None
+    log.info("feedback: %s + %s, window %.0fs, control every %.1fs, group %s", fb.topics.results,
+             fb.topics.labels, cfg.window_s, cfg.interval_s, group_of(settings, cfg))
+    code = 0
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        # The last batches were counted after the last tick: keep them.
+        if fb.restored and fb.save_io(fb.snapshot(int(time.time() * 1000))):
+            log.info("feedback: state saved (%d results so far)", fb.agg.observed)
+    return code
+
+
+if __name__ == "__main__":  # `python -m pipeline.feedback`: settings from the environment
+    from pipeline.settings import get_settings
+
+    sys.exit(main(get_settings()))
