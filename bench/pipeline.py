@@ -1,0 +1,235 @@
+"""End-to-end pipeline benchmark on the embedded stack: throughput and latency, beside the bare broker.
+
+- Throughput: N requests as fast as the producer goes; answers/s from the first request sent to the
+  last answer read, with the echo model (the pipeline alone) and with the real models (the product).
+- Latency at a fixed offered load: p50/p95/p99 from the request's send time to its answer read by a
+  consumer, side by side with the bare broker's produce -> consume round trip at the same load.
+- Memory: peak RSS (VmHWM) per process type during the fixed-load run.
+
+    python -m bench.pipeline [--quick] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from bench.common import write_section
+from pipeline.devstack import Stack
+from pipeline.kafka import create_topics, make_consumer, make_producer, produce, topics_of
+from pipeline.settings import Settings
+
+ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLOW_MULTIMODAL_MODEL": "echo",
+        "TIERFLOW_ZH_MODEL": ""}
+TEXTS = ["My card has not arrived yet", "How do I reset my PIN?", "Why was I charged a fee for this transfer?",
+         "I was charged twice for the same purchase at the supermarket yesterday, please refund one of them",
+         "我的卡还没有收到", "What exchange rate do you use for euros?"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) < 2:
+        return (xs[0], xs[0], xs[0]) if xs else (0.0, 0.0, 0.0)
+    q = statistics.quantiles(xs, n=100, method="inclusive")
+    return q[49], q[94], q[98]
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@dataclass
+class Run:
+    sent: int
+    answered: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.answered / self.seconds if self.seconds else 0.0
+
+
+class AnswerTimer:
+    """Reads answers in a thread; records the read time per request id."""
+
+    def __init__(self, s: Settings, topic: str) -> None:
+        self.c = make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}", **{"fetch.wait.max.ms": 5})
+        self.c.subscribe([topic])
+        self.read_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> AnswerTimer:
+        deadline = time.monotonic() + 30
+        while not self.c.assignment() and time.monotonic() < deadline:  # joined before the clock starts
+            self.c.poll(0.1)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for m in self.c.consume(5000, 0.05):
+                if m.error() is None and m.value():
+                    now = time.time()
+                    rid = m.key().decode() if m.key() else orjson.loads(m.value() or b"{}")["request_id"]
+                    self.read_at.setdefault(rid, now)
+
+    def wait(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.read_at) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+        self.c.close()
+
+
+def send(s: Settings, topic: str, n: int, rate: float | None, tag: str, with_id_key: bool = True) -> dict[str, float]:
+    """Send n requests (at `rate` msg/s, or flat out); return the send time per id (epoch s)."""
+    p = make_producer(s, **{"linger.ms": 1 if rate else 20})
+    sent_at: dict[str, float] = {}
+    t0 = time.monotonic()
+    for i in range(n):
+        rid = f"{tag}-{i}"
+        now = time.time()
+        produce(p, topic, orjson.dumps({"id": rid, "text": TEXTS[i % len(TEXTS)]}), key=rid if with_id_key else None)
+        sent_at[rid] = now
+        if i % 500 == 0:
+            p.poll(0)
+        if rate:
+            ahead = (i + 1) / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    p.flush(60)
+    return sent_at
+
+
+def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | None, timeout: float) -> Run:
+    timer = AnswerTimer(s, topic_out).start()
+    t0 = time.time()
+    sent_at = send(s, topic_in, n, rate, uuid.uuid4().hex[:6])
+    timer.wait(n, timeout)
+    timer.stop()
+    done = [timer.read_at[k] for k in sent_at if k in timer.read_at]
+    lat = [(timer.read_at[k] - t) * 1000 for k, t in sent_at.items() if k in timer.read_at]
+    return Run(n, len(done), (max(done) - t0) if done else 0.0, lat)
+
+
+def start_pipeline(s: Settings, env: dict[str, str], light_workers: int) -> tuple[Stack, dict[str, list[int]]]:
+    from tests.integration.helpers import wait_ready
+
+    stack = Stack(s)
+    pids: dict[str, list[int]] = {"ingest": [], "worker": []}
+    pids["ingest"].append(stack.start_agent("ingest", "ingest", env=env).popen.pid)
+    for i in range(light_workers):
+        pids["worker"].append(stack.start_agent(f"light-{i}", "worker", "--tier", "light", env=env).popen.pid)
+    for tier in ("heavy", "multimodal"):
+        pids["worker"].append(stack.start_agent(tier, "worker", "--tier", tier, env=env).popen.pid)
+    wait_ready(s, ["light", "heavy", "multimodal"], timeout=300)
+    time.sleep(2)
+    return stack, pids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller runs (minutes, not tens of minutes)")
+    ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
+    args = ap.parse_args()
+    n_flat = 20_000 if args.quick else 100_000
+    fixed_rate, fixed_s = 1000.0, (5 if args.quick else 20)
+
+    base = Settings(kafka_port=_free_port(), redis_port=_free_port(), data_dir=Path(".tierflow/bench"))
+    services = Stack(base)
+    services.start_services()
+    rows: list[str] = []
+    mem: dict[str, float] = {}
+    try:
+        def fresh() -> Settings:
+            s = base.model_copy(update={"topic_prefix": f"p{uuid.uuid4().hex[:6]}.", "kafka_bootstrap": base.bootstrap,
+                                        "redis_url": base.redis})
+            create_topics(s)
+            return s
+
+        # Bare broker: produce -> consume on one topic at the same load.
+        s = fresh()
+        bare_flat = measure(s, topics_of(s).labels, topics_of(s).labels, n_flat, None, 120)
+        bare_fixed = measure(s, topics_of(s).labels, topics_of(s).labels, int(fixed_rate * fixed_s), fixed_rate, 60)
+
+        # The pipeline with the echo model.
+        s = fresh()
+        stack, pids = start_pipeline(s, ECHO, light_workers=1)
+        try:
+            echo_flat = measure(s, topics_of(s).requests, topics_of(s).answers, n_flat, None, 300)
+            echo_fixed = measure(s, topics_of(s).requests, topics_of(s).answers, int(fixed_rate * fixed_s),
+                                 fixed_rate, 120)
+            for kind, ps in pids.items():
+                mem[f"echo {kind}"] = max(peak_rss_mb(p) for p in ps)
+        finally:
+            stack.stop()
+
+        # The product: packaged models.
+        s = fresh()
+        stack, pids = start_pipeline(s, {}, light_workers=1)
+        real_rate = 100.0
+        try:
+            real_fixed = measure(s, topics_of(s).requests, topics_of(s).answers, int(real_rate * fixed_s), real_rate,
+                                 300)
+            for kind, ps in pids.items():
+                mem[f"models {kind}"] = max(peak_rss_mb(p) for p in ps)
+        finally:
+            stack.stop()
+    finally:
+        services.stop()
+
+    def row(name: str, r: Run, load: str) -> str:
+        p50, p95, p99 = percentiles(r.latencies_ms)
+        return f"| {name} | {load} | {r.answered}/{r.sent} | {r.rate:,.0f} | {p50:.1f} | {p95:.1f} | {p99:.1f} |"
+
+    rows = [
+        "| path | offered load | answered | msg/s | p50 ms | p95 ms | p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        row("bare broker produce → consume", bare_flat, "flat out"),
+        row("pipeline, echo model", echo_flat, "flat out"),
+        row("bare broker produce → consume", bare_fixed, f"{fixed_rate:.0f} msg/s"),
+        row("pipeline, echo model", echo_fixed, f"{fixed_rate:.0f} msg/s"),
+        row("pipeline, packaged models", real_fixed, f"{real_rate:.0f} msg/s"),
+    ]
+    added = percentiles(echo_fixed.latencies_ms)[2] - percentiles(bare_fixed.latencies_ms)[2]
+    mem_rows = "\n".join(f"| {k} | {v:.0f} |" for k, v in mem.items())
+    body = (
+        "Latency is measured from the producer's send to the answer read by a consumer. Processes: ingest, one "
+        "light, one heavy and one multimodal worker, each its own process, on the embedded tansu broker; the "
+        "producer and the consumer run in the benchmark process on the same 2 cores.\n\n"
+        + "\n".join(rows)
+        + f"\n\nAdded p99 over the bare broker at {fixed_rate:.0f} msg/s (echo model): {added:.1f} ms.\n\n"
+        "Peak RSS per process type (MB):\n\n| process | peak RSS MB |\n|---|---:|\n" + mem_rows + "\n"
+    )
+    print(body)
+    if args.write:
+        write_section("End-to-end pipeline", body)
+
+
+if __name__ == "__main__":
+    main()
