@@ -1,0 +1,151 @@
+"""The design article's service, written anew: one HTTP request at a time, light or large model per request.
+
+The article's FastAPI example routes each request by length (<= 50 characters: the light model, else
+the large one) and calls the model for that one request. Here the same packaged models serve behind
+a single-threaded HTTP server (one request at a time, as its synchronous endpoint does), and the same
+traffic goes through tierflow on the embedded stack. Reported: throughput at equal hardware (flat out)
+and p95 latency at an equal offered load.
+
+    python -m bench.article_service [--quick] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+from bench.common import write_section
+from bench.pipeline import TEXTS, _free_port, measure, percentiles, start_pipeline
+from pipeline import features
+from pipeline.devstack import Stack
+from pipeline.kafka import create_topics, topics_of
+from pipeline.settings import Settings
+from pipeline.topics import Tier
+from workers.model import InferenceModel, Item
+
+
+class ArticleService:
+    """The article's per-request router in front of the two models."""
+
+    def __init__(self, light: InferenceModel, heavy: InferenceModel, length_threshold: int = 50) -> None:
+        self.light, self.heavy, self.length_threshold = light, heavy, length_threshold
+
+    def answer(self, text: str) -> dict[str, object]:
+        lang = features.lang_of(features.script_of(text), None)
+        model = self.light if len(text) <= self.length_threshold else self.heavy
+        pred = model.predict([Item(text, lang)])[0]
+        return {"intent": pred.intent, "confidence": pred.confidence, "answer": pred.answer, "model": pred.model}
+
+
+def serve(service: ArticleService) -> tuple[HTTPServer, int]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            out = json.dumps(service.answer(body["text"])).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)  # one request at a time, as the article's sync endpoint
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, int(server.server_address[1])
+
+
+def call(port: int, text: str) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.perf_counter()
+    conn.request("POST", "/infer", json.dumps({"text": text}), {"Content-Type": "application/json"})
+    conn.getresponse().read()
+    conn.close()
+    return (time.perf_counter() - t0) * 1000
+
+
+def flat_out(port: int, n: int, clients: int = 8) -> float:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda i: call(port, TEXTS[i % len(TEXTS)]), range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def fixed_load(port: int, rate: float, seconds: float) -> list[float]:
+    """Open loop: a request every 1/rate s whatever the server's state; latency includes the wait."""
+    n = int(rate * seconds)
+    lat: list[float] = []
+    with ThreadPoolExecutor(256) as pool:
+        futs = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            ahead = i / rate - (time.perf_counter() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+            futs.append(pool.submit(call, port, TEXTS[i % len(TEXTS)]))
+        lat = [f.result() for f in futs]
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--rate", type=float, default=50.0, help="offered load for the p95 comparison (msg/s)")
+    args = ap.parse_args()
+    n = 300 if args.quick else 2000
+    seconds = 5 if args.quick else 20
+
+    from workers.models.registry import tier_model
+
+    base = Settings(kafka_port=_free_port(), redis_port=_free_port(), data_dir=Path(".tierflow/bench"))
+    light, heavy = tier_model(base, Tier.LIGHT), tier_model(base, Tier.HEAVY)
+    light.setup("cpu")
+    heavy.setup("cpu")
+    server, port = serve(ArticleService(light, heavy))
+    art_rate = flat_out(port, n)
+    art_lat = fixed_load(port, args.rate, seconds)
+    server.shutdown()
+    del light, heavy
+
+    services = Stack(base)
+    services.start_services()
+    try:
+        s = base.model_copy(update={"topic_prefix": f"a{uuid.uuid4().hex[:6]}.", "kafka_bootstrap": base.bootstrap,
+                                    "redis_url": base.redis})
+        create_topics(s)
+        stack, _ = start_pipeline(s, {}, light_workers=1)
+        try:
+            t = topics_of(s)
+            tf_flat = measure(s, t.requests, t.answers, n * 5, None, 600)
+            tf_fixed = measure(s, t.requests, t.answers, int(args.rate * seconds), args.rate, 300)
+        finally:
+            stack.stop()
+    finally:
+        services.stop()
+    a50, a95, a99 = percentiles(art_lat)
+    t50, t95, t99 = percentiles(tf_fixed.latencies_ms)
+    body = (
+        "Same packaged models, same messages (English and Chinese, a third over 50 characters), same 2 cores.\n\n"
+        "| system | throughput flat out (msg/s) | load | p50 ms | p95 ms | p99 ms |\n|---|---:|---|---:|---:|---:|\n"
+        f"| article service (one request at a time) | {art_rate:,.1f} | {args.rate:.0f} msg/s | {a50:.1f} | "
+        f"{a95:.1f} | {a99:.1f} |\n"
+        f"| tierflow (micro-batched tiers on Kafka) | {tf_flat.rate:,.1f} | {args.rate:.0f} msg/s | {t50:.1f} | "
+        f"{t95:.1f} | {t99:.1f} |\n\n"
+        f"Throughput ratio tierflow / article service: {tf_flat.rate / art_rate:.1f}x.\n"
+    )
+    print(body)
+    if args.write:
+        write_section("Against the design article's service", body)
+
+
+if __name__ == "__main__":
+    main()
