@@ -92,7 +92,8 @@ class AnswerTimer:
             for m in self.c.consume(5000, 0.05):
                 if m.error() is None and m.value():
                     now = time.time()
-                    rid = m.key().decode() if m.key() else orjson.loads(m.value() or b"{}")["request_id"]
+                    key = m.key()
+                    rid = key.decode() if isinstance(key, bytes) else orjson.loads(m.value() or b"{}")["request_id"]
                     self.read_at.setdefault(rid, now)
 
     def wait(self, n: int, timeout: float) -> None:

@@ -51,7 +51,7 @@ def drain(consumer: Consumer, until: Callable[[list[Message]], bool], timeout: f
 
 
 def values(msgs: list[Message]) -> list[dict[str, Any]]:
-    return [orjson.loads(m.value()) for m in msgs]
+    return [orjson.loads(m.value() or b"null") for m in msgs]
 
 
 def wait_ready(settings: Settings, tiers: list[str], timeout: float = 120.0) -> None:
