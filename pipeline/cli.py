@@ -420,6 +420,36 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHES = ("ingest", "batching", "quality", "feedback", "pipeline", "article_service")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmarks in bench/ (a source checkout) and write their sections of BENCHMARKS.md."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "common.py").exists():
+        raise ConfigError("tierflow bench runs from a source checkout (the bench/ folder is not installed)")
+    chosen = args.only.split(",") if args.only else list(BENCHES)
+    unknown = [b for b in chosen if b not in BENCHES]
+    if unknown:
+        raise ConfigError(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHES)}")
+    failed = []
+    for name in chosen:
+        if not (root / "bench" / f"{name}.py").exists():
+            print(f"== {name}: not present in this checkout, skipped", flush=True)
+            continue
+        argv = [sys.executable, "-m", f"bench.{name}", *(["--quick"] if args.quick else []),
+                *([] if args.no_write else ["--write"])]
+        print(f"== {name}: {' '.join(argv[1:])}", flush=True)
+        if subprocess.run(argv, cwd=root).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from pipeline.status import main as status_main
 
@@ -543,6 +573,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--job", help="job name (default: derived from the source and range; reruns resume it)")
     sp.add_argument("--restart", action="store_true", help="ignore saved progress and start over")
     sp.add_argument("--wait", type=float, metavar="SECONDS", help="wait for results and print accuracy per tier")
+
+    sp = add("bench", cmd_bench, "Run the benchmarks (bench/) and write BENCHMARKS.md sections with plots.")
+    sp.add_argument("--quick", action="store_true", help="reduced sizes: minutes on 2 cores")
+    sp.add_argument("--only", help=f"comma list of: {', '.join(BENCHES)}")
+    sp.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
 
     sp = add("status", cmd_status, "Live terminal view: per-tier throughput, p95, lag, heavy share, thresholds, DLQ.")
     sp.add_argument("--once", action="store_true", help="print one frame and exit")
