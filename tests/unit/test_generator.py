@@ -137,6 +137,9 @@ def test_the_prompt_carries_intent_message_reference_and_language() -> None:
     ("请重试。如果仍然失败", "请重试。"),
     ("Please retry", "Please retry"),  # nothing complete to keep: half a reply beats none
     ('"Sure."', "Sure."),
+    ("Please retry.\n\nThis is a polite and practical reply.", "Please retry."),
+    ("请冻结您的卡。\n\nP.S.", "请冻结您的卡。"),
+    ("Customer message: Sorry to hear that.", "Sorry to hear that."),
 ])
 def test_tidy_drops_a_sentence_cut_by_the_budget(raw: str, want: str) -> None:
     assert tidy(raw) == want
@@ -216,7 +219,7 @@ def test_generated_answers_with_the_tiny_model_end_to_end(tiny_gen: CausalLMGene
 
 
 @pytest.mark.slow
-def test_packaged_smollm2_gguf_writes_a_reply() -> None:
+def test_packaged_smollm2_gguf_writes_a_reply(tmp_path: Path) -> None:
     try:
         smollm2_gguf()
     except ConfigError as e:
@@ -234,3 +237,18 @@ def test_packaged_smollm2_gguf_writes_a_reply() -> None:
     print(f"smollm2: load {gen.load_seconds:.1f}s, batch of 2: {st.tokens_per_s:.1f} tokens/s; {replies}")
     assert len(replies) == 2 and all(r.strip() for r in replies)
     assert st.new_tokens <= 2 * 24
+    # The exported safetensors directory is the same model: same greedy replies, faster load.
+    fast = CausalLMGenerator.from_path(gen.export(tmp_path / "smollm2"), max_new_tokens=24)
+    fast.setup("cpu")
+    print(f"exported: load {fast.load_seconds:.1f}s")
+    assert fast.generate(reqs) == replies
+    assert fast.load_seconds < gen.load_seconds
+
+
+def test_an_exported_model_loads_from_its_directory_and_replies_the_same(
+        tiny_gen: CausalLMGenerator, tmp_path: Path) -> None:
+    out = tiny_gen.export(tmp_path / "exported")
+    again = CausalLMGenerator.from_path(out, max_new_tokens=7)
+    again.setup("cpu")
+    reqs = _reqs(3)
+    assert again.generate(reqs) == tiny_gen.generate(reqs)

