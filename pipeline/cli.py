@@ -44,7 +44,11 @@ def _setup_logging(settings: Settings) -> None:
         handler.setFormatter(JsonFormatter())
         logging.basicConfig(level=level, handlers=[handler], force=True)
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+        from pipeline.logs import ScrubbingFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(ScrubbingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("faust").setLevel(max(level, logging.WARNING))
 
 

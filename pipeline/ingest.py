@@ -26,6 +26,7 @@ from pipeline.health import HealthLimits, HealthState, assess
 from pipeline.heartbeats import observe
 from pipeline.kafka import (
     DeliveryTracker,
+    lag_of,
     make_consumer,
     make_producer,
     next_offsets,
@@ -200,6 +201,7 @@ class Ingest:
             if ":degraded_" in reason:
                 metrics.DEGRADED.labels(reason).inc(n)
         metrics.ROUTE_SECONDS.observe(time.perf_counter() - t0)
+        metrics.CONSUMER_LAG.labels(self.topics.requests, self.s.group("ingest")).set(lag_of(self.consumer))
         self.stats.consumed += len(good)
         return len(msgs)
 

@@ -77,7 +77,8 @@ class Worker:
         self.worker_id = worker_id or f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
         self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
-        self.consumer = make_consumer(settings, settings.group(f"workers-{tier.value}"))
+        self.group = settings.group(f"workers-{tier.value}")
+        self.consumer = make_consumer(settings, self.group)
         # Backfill: read only to fill what live traffic leaves of a batch, so a replay never delays live answers.
         self.replay_consumer = make_consumer(settings, settings.group(f"workers-{tier.value}-replay"))
         self.answered_key = f"{settings.redis_prefix}replay:answered"
@@ -89,6 +90,8 @@ class Worker:
         self.stats = WorkerStats()
         self.lag = 0
         self.ready = False
+        # (kind, model, inference ms, queue ms, answered total ms) per item, counted once the batch is flushed
+        self._observed: list[tuple[str, str, float, float, float | None]] = []
         self.heartbeat: Heartbeat | None = None
         self._stop = threading.Event()
 
@@ -154,7 +157,7 @@ class Worker:
         infer_ms = (time.perf_counter() - t0) * 1000.0
         per_item_ms = infer_ms / max(1, len(routed))
         inferred = _now_ms()
-        metrics.BATCH_SIZE.labels(self.tier.value).observe(len(routed))
+        self._observed = []
         fresh = self._first_replay_answers([rr for _, rr, _ in routed])
         for (msg, rr, _), pred in zip(routed, preds, strict=True):
             if pred is not None:
@@ -252,9 +255,9 @@ class Worker:
         if escalate:
             result["answer"] = ""
         produce(self.producer, self.topics.results, orjson.dumps(result), key, on_delivery=self.delivery)
-        self.stats.processed += 1
-        metrics.INFERENCE_SECONDS.labels(self.tier.value, pred.model).observe(infer_ms / 1000.0)
-        metrics.QUEUE_SECONDS.labels(self.tier.value).observe(max(0, dequeued - rr.ingested_ms) / 1000.0)
+        answered_ms = float(total_ms) if final and not repeat and not escalate else None
+        self._observed.append(("escalated" if escalate else "stage", pred.model, infer_ms,
+                               max(0, dequeued - rr.ingested_ms), answered_ms))
         if escalate:
             up = rr.model_dump(mode="json")
             up.update(tier=Tier.HEAVY.value, route_reason=f"{rr.route_reason}:escalated",
@@ -263,14 +266,9 @@ class Worker:
                                       "inference_ms": round(infer_ms, 3)})
             heavy_topic = self.topics.replay_tier(Tier.HEAVY) if rr.replay else self.topics.tier(Tier.HEAVY)
             produce(self.producer, heavy_topic, orjson.dumps(up), key, on_delivery=self.delivery)
-            metrics.ESCALATED.labels(pred.model).inc()
-            self.stats.escalated += 1
+
         elif final and not repeat:
             produce(self.producer, self.topics.answers, orjson.dumps(answer), key, on_delivery=self.delivery)
-            self.latency.add(total_ms)
-            metrics.ANSWERS.labels(self.tier.value, pred.model).inc()
-            metrics.END_TO_END_SECONDS.labels(self.tier.value, pred.model).observe(total_ms / 1000.0)
-            self.stats.answered += 1
 
     def _dead(self, msg: Message, kind: str, reason: str) -> None:
         to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery)
@@ -298,8 +296,28 @@ class Worker:
                 self.consumer.commit(offsets=next_offsets(live), asynchronous=False)
         if backfill:
             self.replay_consumer.commit(offsets=next_offsets(backfill), asynchronous=False)
+        self._count(len(live) + len(backfill))
         self.lag = lag_of(self.consumer)
+        metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)
         return len(live) + len(backfill)
+
+    def _count(self, batch: int) -> None:
+        """Metrics and stats for a batch whose outputs the broker accepted (a rewound batch counts once)."""
+        tier = self.tier.value
+        metrics.BATCH_SIZE.labels(tier).observe(batch)
+        for kind, model, infer_ms, queue_ms, answered_ms in self._observed:
+            self.stats.processed += 1
+            metrics.INFERENCE_SECONDS.labels(tier, model).observe(infer_ms / 1000.0)
+            metrics.QUEUE_SECONDS.labels(tier).observe(queue_ms / 1000.0)
+            if kind == "escalated":
+                metrics.ESCALATED.labels(model).inc()
+                self.stats.escalated += 1
+            if answered_ms is not None:
+                self.latency.add(answered_ms)
+                metrics.ANSWERS.labels(tier, model).inc()
+                metrics.END_TO_END_SECONDS.labels(tier, model).observe(answered_ms / 1000.0)
+                self.stats.answered += 1
+        self._observed = []
 
 
 def _now_ms() -> int:
