@@ -20,11 +20,13 @@ text traffic:
   escalation down) one `shed_step` of share per `shed_cooldown_s`; after recovery the length
   threshold walks back to where it was.
 - Rollback: each change is observed on the answers routed under it (results carry the threshold
-  version they were routed with). A change that moved traffic off heavy and cost more accuracy than
-  `rollback_accuracy_drop` beyond what it was expected to cost (moved share x the heavy-light
-  accuracy gap), or a change that moved traffic onto heavy and broke the heavy SLO by more than
-  `rollback_slo_margin`, is rolled back to the previous values; for `hold_after_rollback_s` the
-  controller then makes no move in that direction again.
+  version they were routed with). A change that moved traffic off heavy is rolled back when accuracy
+  fell by more than `rollback_accuracy_drop` beyond what it was expected to cost (moved share x the
+  heavy-light accuracy gap) and by more than two standard errors; the baseline is the last
+  `observe_s` before the change, so drifting traffic is not mistaken for a bad change. A change that
+  moved traffic onto heavy is rolled back when the heavy p95 broke the SLO by more than
+  `rollback_slo_margin`. For `hold_after_rollback_s` the controller then makes no move in that
+  direction again.
 
 `score()` is the design article's per-model score, used to rank the models of a tier.
 """
@@ -102,6 +104,7 @@ class ControllerConfig:
     min_check_labeled: int = 50
     min_check_heavy: int = 20
     rollback_accuracy_drop: float = 0.05
+    rollback_z: float = 2.0  # a drop must also exceed this many standard errors of the difference
     rollback_slo_margin: float = 0.2  # heavy p95 > slo * (1 + margin) after a more-heavy change
     hold_after_rollback_s: float = 60.0
 
@@ -120,6 +123,7 @@ class Change:
     baseline_accuracy: float | None
     baseline_heavy_p95_ms: float | None
     expected_accuracy_cost: float = 0.0  # accuracy the change was expected to give up (less heavy)
+    baseline_labeled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +229,14 @@ def calibrate_length(w: WindowStats, rule_target: float) -> float | None:
     return w.chars.quantile(1.0 - min(1.0, over))
 
 
+def _diff_se(p1: float, n1: int, p2: float, n2: int) -> float:
+    """Standard error of the difference of two proportions (n1 == 0: of the second alone)."""
+    var = p2 * (1.0 - p2) / max(1, n2)
+    if n1 > 0:
+        var += p1 * (1.0 - p1) / n1
+    return math.sqrt(var)
+
+
 def _direction(before: float, after: float, eps: float = 1e-4) -> Direction:
     if after < before - eps:
         return "less_heavy"
@@ -270,10 +282,12 @@ def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float,
                 and after.labeled >= cfg.min_check_labeled and p.baseline_accuracy is not None:
             drop = p.baseline_accuracy - after.accuracy
             allowed = cfg.rollback_accuracy_drop + p.expected_accuracy_cost
-            if drop > allowed:
+            noise = cfg.rollback_z * _diff_se(p.baseline_accuracy, p.baseline_labeled, after.accuracy, after.labeled)
+            if drop > allowed + noise:
                 return "rollback", (f"accuracy fell {p.baseline_accuracy:.3f} -> {after.accuracy:.3f}, more than "
                                     f"{allowed:.3f} (bound {cfg.rollback_accuracy_drop:.3f} + expected "
-                                    f"{p.expected_accuracy_cost:.3f}) on {after.labeled} labeled answers")
+                                    f"{p.expected_accuracy_cost:.3f}) + noise {noise:.3f} on {after.labeled} "
+                                    "labeled answers")
         limit = th.heavy_slo_p95_ms * (1.0 + cfg.rollback_slo_margin)
         if p.direction == "more_heavy" and after.heavy_p95_ms is not None \
                 and after.heavy >= cfg.min_check_heavy and after.heavy_p95_ms > limit \
@@ -286,8 +300,13 @@ def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float,
 
 
 def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
-           after: AfterChange | None = None, cfg: ControllerConfig | None = None) -> Decision:
-    """The controller's move for this window. Pure: the caller writes `values` and keeps `state`."""
+           after: AfterChange | None = None, cfg: ControllerConfig | None = None,
+           recent: WindowStats | None = None) -> Decision:
+    """The controller's move for this window. Pure: the caller writes `values` and keeps `state`.
+
+    `after`: the answers routed under the change being observed. `recent`: the last `observe_s` of the
+    window, the accuracy baseline of a new change (the whole window lags behind drifting traffic).
+    """
     cfg = cfg or ControllerConfig()
     inputs = _inputs(w, th, now_s)
     pinned = set(th.pinned)
@@ -424,10 +443,12 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
     what = "shed" if shed else "calibrate"
     reason = _join(notes, f"{what}: heavy share {w.heavy_share:.3f} (predicted {before:.3f}) vs target "
                           f"{target:.3f}: {moves} (predicted {after_share:.3f})")
+    ref = recent if recent is not None and recent.labeled >= cfg.min_check_labeled else w
     change = Change(version=0, previous_version=th.version, at_s=now_s,
                     values_before={k: getattr(th, k) for k in values}, values_after=dict(values),
-                    direction=direction, shed=shed, baseline_accuracy=w.accuracy,
-                    baseline_heavy_p95_ms=p95, expected_accuracy_cost=round(cost, 4))
+                    direction=direction, shed=shed, baseline_accuracy=ref.accuracy,
+                    baseline_heavy_p95_ms=p95, expected_accuracy_cost=round(cost, 4),
+                    baseline_labeled=ref.labeled)
     return Decision("change", reason, inputs, state, values, change=change)
 
 

@@ -54,7 +54,7 @@ from pipeline.stats import AfterChange, AggConfig, Aggregator, WindowStats
 from pipeline.thresholds import Thresholds, ThresholdStore
 from pipeline.topics import Topics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pipeline.feedback")  # also when run as __main__
 
 WHO = "feedback"
 
@@ -128,9 +128,10 @@ class Feedback:
         self._last_warn = 0.0
 
     # --- records (event loop; no I/O) ---
-    def add(self, topic: str, partition: int, offset: int | None, value: bytes | None, now_ms: int) -> None:
-        """One record of the results or labels topic."""
-        if offset is not None and not self.agg.fresh(f"{topic}:{partition}", offset):
+    def add(self, topic: str, partition: int, offset: int | None, value: bytes | None, now_ms: int,
+            ts_ms: int = 0) -> None:
+        """One record of the results or labels topic (`ts_ms`: its Kafka timestamp)."""
+        if offset is not None and not self.agg.fresh(f"{topic}:{partition}", offset, ts_ms):
             return  # processed before the snapshot we restored
         if value is None:
             self.agg.invalid += 1
@@ -166,22 +167,30 @@ class Feedback:
                  len(self.agg.buckets), len(self.agg.awaiting),
                  f"v{self.state.pending.version}" if self.state.pending else "none")
 
-    def restore_io(self) -> bool:
-        """Read the snapshot from Redis (blocking). True once restored or known absent."""
-        if self.restored:
-            return True
+    def read_io(self) -> tuple[bool, bytes | str | None]:
+        """(Redis answered, the snapshot or None) - blocking."""
         try:
-            raw = self.r.get(self.state_key)
+            return True, self.r.get(self.state_key)
         except (redis.RedisError, OSError) as e:
             self._redis_down(e, "restore")
-            return False
+            return False, None
+
+    def restore(self, raw: bytes | str | None) -> None:
+        """Take the snapshot read by `read_io` (event loop: it replaces or merges the statistics)."""
         if raw is not None:
             try:
                 self.load(raw)
             except (ValueError, KeyError, TypeError) as e:
                 log.warning("feedback: ignoring an unreadable state snapshot at %s: %s", self.state_key, e)
         self.restored = True
-        return True
+
+    def restore_io(self) -> bool:
+        """Read and take the snapshot, when nothing else runs (at start). True once restored or absent."""
+        if not self.restored:
+            ok, raw = self.read_io()
+            if ok:
+                self.restore(raw)
+        return self.restored
 
     def save_io(self, payload: bytes) -> bool:
         try:
@@ -193,12 +202,13 @@ class Feedback:
         return True
 
     # --- control ---
-    def measure(self, now_ms: int) -> WindowStats:
-        """Expire old data and summarize the window (event loop; pure)."""
+    def measure(self, now_ms: int) -> tuple[WindowStats, WindowStats]:
+        """Expire old data; summarize the window and its last `observe_s` (event loop; pure)."""
         self.agg.expire(now_ms)
-        return self.agg.window(now_ms)
+        return self.agg.window(now_ms), self.agg.window(now_ms, int(self.ctl_cfg.observe_s * 1000))
 
-    def control_io(self, w: WindowStats, after: AfterChange | None, now_s: float) -> TickResult:
+    def control_io(self, w: WindowStats, recent: WindowStats, after: AfterChange | None,
+                   now_s: float) -> TickResult:
         """Read the thresholds, decide, write the decision (blocking; touches no state the stream mutates)."""
         try:
             th = self.store.get()
@@ -210,7 +220,7 @@ class Feedback:
             return TickResult(None, None, str(e))
         self._redis_up()
         self.thresholds = th
-        d = decide(w, th, self.state, now_s, after, self.ctl_cfg)
+        d = decide(w, th, self.state, now_s, after, self.ctl_cfg, recent)
         if d.action == "hold" or not self.cfg.control:
             return TickResult(d, None)
         try:
@@ -291,10 +301,12 @@ class Feedback:
     async def tick(self, commit: Any = None) -> TickResult:
         """Restore if still pending, measure, control, publish, snapshot, then commit offsets."""
         if not self.restored:
-            await asyncio.to_thread(self.restore_io)
+            ok, raw = await asyncio.to_thread(self.read_io)
+            if ok:
+                self.restore(raw)
         now = time.time()
-        w = self.measure(int(now * 1000))
-        res = await asyncio.to_thread(self.control_io, w, self.agg.after_change(), now)
+        w, recent = self.measure(int(now * 1000))
+        res = await asyncio.to_thread(self.control_io, w, recent, self.agg.after_change(), now)
         self.after_tick(res)
         self.publish(w)
         if self.restored:  # never overwrite a snapshot we have not read yet
@@ -309,6 +321,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """faust hard-codes a 1500 ms fetch wait; tansu and a 2 s control loop want it short."""
 
     fetch_wait_ms = 25
+    logger = logging.getLogger("faust.feedback")  # not this module's: mode names loggers after the subclass
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
@@ -318,6 +331,8 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    logger = logging.getLogger("faust.feedback")
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -327,6 +342,8 @@ class _Transport(faust_aiokafka.Transport):
 
 
 class _App(faust.App):
+    logger = logging.getLogger("faust.feedback")
+
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
 
@@ -353,6 +370,8 @@ def build_app(fb: Feedback) -> faust.App:
     """The faust app: one agent over results + labels, one timer for the control loop."""
     s, cfg = fb.s, fb.cfg
     _ConsumerThread.fetch_wait_ms = cfg.fetch_wait_ms
+    datadir = s.data_dir / "feedback"  # faust wants one even without tables
+    datadir.mkdir(parents=True, exist_ok=True)
     app = _App(
         group_of(s, cfg),
         broker=",".join(f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")),
@@ -366,7 +385,7 @@ def build_app(fb: Feedback) -> faust.App:
         consumer_max_fetch_size=s.max_message_bytes,
         topic_allow_declare=False,
         topic_disable_leader=True,
-        datadir=str(s.data_dir / "feedback"),
+        datadir=str(datadir),
         key_serializer="raw",
         value_serializer="raw",
     )
@@ -378,7 +397,7 @@ def build_app(fb: Feedback) -> faust.App:
             now = int(time.time() * 1000)
             for ev in events:
                 m = ev.message
-                fb.add(m.topic, m.partition, m.offset, ev.value, now)
+                fb.add(m.topic, m.partition, m.offset, ev.value, now, int((m.timestamp or 0) * 1000))
 
     app.agent(channel, name="feedback")(consume)
 

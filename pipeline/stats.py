@@ -549,24 +549,31 @@ class Aggregator:
         # joins, all insertion-ordered (oldest first) so expiry pops from the front
         self.labels: dict[str, tuple[int, str | None, int | None]] = {}  # rid -> (at, intent, rating)
         self.awaiting: dict[str, list[Pending]] = {}  # rid -> results waiting for a label
-        self.light: dict[str, tuple[int, str]] = {}  # rid -> (at, light final intent), for shadow joins
+        self.light: dict[str, tuple[int, str, str]] = {}  # rid -> (at, light intent, model), for shadow joins
         self.shadows: dict[str, tuple[int, str]] = {}  # rid -> (at, heavy shadow intent)
         self.since: SinceChange | None = None
-        self.offsets: dict[str, int] = {}  # "topic:partition" -> last processed offset
+        self.offsets: dict[str, tuple[int, int]] = {}  # "topic:partition" -> (last offset, newest timestamp ms)
         self.labels_seen_ms = 0  # event time of the last label seen: results wait for labels only then
         self.shadow_rate = 0.0  # the thresholds' shadow rate: which light answers to keep for a join
         self.observed = 0  # results counted since the first start (survives restarts)
         self.invalid = 0
         self.late = 0  # results older than the window
         self.dropped = 0  # pending join entries dropped over `max_pending`
+        self.labeled = 0  # final answers credited with ground truth (inline or joined)
 
     # --- offsets ---
-    def fresh(self, tp: str, offset: int) -> bool:
-        """True (and remembered) unless `offset` of partition `tp` was already processed."""
+    def fresh(self, tp: str, offset: int, ts_ms: int = 0) -> bool:
+        """True (and remembered) unless `offset` of partition `tp` was already processed.
+
+        `ts_ms`: the record's timestamp, which tells a re-delivery from a recreated topic.
+        """
         last = self.offsets.get(tp)
-        if last is not None and offset <= last:
+        if last is not None and offset <= last[0] and not ts_ms > last[1] > 0:
+            # at or below the last offset and no newer than anything seen: a re-delivery. (A record newer
+            # than everything seen at a low offset means the topic was recreated: count it.)
             return False
-        self.offsets[tp] = offset
+        newest = max(ts_ms, last[1]) if last is not None and offset > last[0] else ts_ms
+        self.offsets[tp] = (offset, newest)
         return True
 
     # --- records ---
@@ -656,6 +663,8 @@ class Aggregator:
             if truth is not None:
                 t.labeled += 1
                 t.correct += o.intent == truth
+        if truth is not None:
+            self.labeled += 1
         s = self.since
         if s is not None and o.version >= s.version and o.tier in TEXT_TIERS:
             s.results += 1
@@ -670,24 +679,23 @@ class Aggregator:
             if shadow is not None:
                 self._agree(b, f"{o.tier}/{o.model}", o.intent == shadow[1])
             elif in_sample(o.request_id, self.shadow_rate):
-                self.light[o.request_id] = (now_ms, o.intent)
+                self.light[o.request_id] = (now_ms, o.intent, f"{o.tier}/{o.model}")
                 self.dropped += _trim(self.light, self.cfg.max_pending)
 
     def _shadow(self, o: Observed, b: Bucket | None, now_ms: int) -> None:
         light = self.light.pop(o.request_id, None)
         if light is not None:
-            self._agree(b, None, light[1] == o.intent)
+            self._agree(b, light[2], light[1] == o.intent)
         else:
             self.shadows[o.request_id] = (now_ms, o.intent)
             self.dropped += _trim(self.shadows, self.cfg.max_pending)
 
-    def _agree(self, b: Bucket | None, light_model: str | None, agreed: bool) -> None:
+    def _agree(self, b: Bucket | None, light_model: str, agreed: bool) -> None:
         if b is not None:
             t = b.tier("light")
             t.agree_n += 1
             t.agree += agreed
-        if light_model is not None:
-            self._recent(light_model).agree.append(int(agreed))
+        self._recent(light_model).agree.append(int(agreed))
 
     def _credit_model(self, b: Bucket | None, mkey: str, correct: bool) -> None:
         self._recent(mkey).correct.append(int(correct))
@@ -721,7 +729,11 @@ class Aggregator:
             mkey = f"{p.tier}/{p.model}"
             if intent is not None:
                 self._credit_model(b, mkey, p.intent == intent)
-            if not p.final or b is None:
+            if not p.final:
+                continue
+            if intent is not None:
+                self.labeled += 1
+            if b is None:
                 continue
             t = b.tier(p.tier)
             if intent is not None:
@@ -756,8 +768,9 @@ class Aggregator:
             del self.awaiting[k]
         self.dropped += _trim(self.awaiting, self.cfg.max_pending)
 
-    def window(self, now_ms: int) -> WindowStats:
-        cutoff = now_ms - self.cfg.window_ms
+    def window(self, now_ms: int, span_ms: int | None = None) -> WindowStats:
+        """The last `span_ms` (default: the whole window), in whole buckets."""
+        cutoff = now_ms - min(span_ms or self.cfg.window_ms, self.cfg.window_ms)
         return summarize(b for s, b in self.buckets.items() if s > cutoff)
 
     # --- the controller's latest change ---
@@ -786,6 +799,7 @@ class Aggregator:
             "offsets": self.offsets,
             "labels_seen_ms": self.labels_seen_ms,
             "counters": {"observed": self.observed, "invalid": self.invalid, "late": self.late,
+                         "labeled": self.labeled,
                          "dropped": self.dropped},
         }
 
@@ -804,14 +818,15 @@ class Aggregator:
         a.recent = {k: Recent.from_json(v, a.cfg.last_n) for k, v in d["recent"].items()}
         a.labels = {k: (int(at), intent, rating) for k, at, intent, rating in d["labels"]}
         a.awaiting = {k: [Pending.from_json(p) for p in ps] for k, ps in d["awaiting"]}
-        a.light = {k: (int(at), str(i)) for k, at, i in d["light"]}
+        a.light = {k: (int(at), str(i), str(m)) for k, at, i, m in d["light"]}
         a.shadows = {k: (int(at), str(i)) for k, at, i in d["shadows"]}
         a.since = SinceChange.from_json(d["since"]) if d.get("since") else None
-        a.offsets = {str(k): int(v) for k, v in d["offsets"].items()}
+        a.offsets = {str(k): (int(v[0]), int(v[1])) for k, v in d["offsets"].items()}
         a.labels_seen_ms = int(d.get("labels_seen_ms", 0))
         c = d.get("counters", {})
         a.observed, a.invalid = int(c.get("observed", 0)), int(c.get("invalid", 0))
         a.late, a.dropped = int(c.get("late", 0)), int(c.get("dropped", 0))
+        a.labeled = int(c.get("labeled", 0))
         return a
 
     def merge(self, o: Aggregator) -> None:
@@ -835,9 +850,10 @@ class Aggregator:
         if self.since is None:
             self.since = o.since
         for tp, off in o.offsets.items():
-            self.offsets[tp] = max(off, self.offsets.get(tp, -1))
+            self.offsets[tp] = max(off, self.offsets.get(tp, (-1, 0)))
         self.labels_seen_ms = max(self.labels_seen_ms, o.labels_seen_ms)
         self.observed += o.observed
         self.invalid += o.invalid
         self.late += o.late
         self.dropped += o.dropped
+        self.labeled += o.labeled

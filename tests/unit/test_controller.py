@@ -1,0 +1,318 @@
+"""The controller on simulated traffic: budget tracking under drift, SLO shedding, rollback, bounds, pins, score."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+import orjson
+import pytest
+
+from pipeline.controller import (
+    BOUNDS,
+    Change,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    applied,
+    calibrate_escalation,
+    decide,
+    predicted_share,
+    rank_models,
+    score,
+    score_of,
+)
+from pipeline.stats import AfterChange, AggConfig, Aggregator, Observed, WindowStats
+from pipeline.thresholds import Thresholds
+
+STEP_MS = 2_000  # one control interval of simulated time
+T0 = 1_800_000_000_000
+
+
+@dataclass
+class Sim:
+    """A pipeline in miniature: requests routed by the thresholds (length rule, then escalation)."""
+
+    th: Thresholds = field(default_factory=Thresholds)
+    cfg: ControllerConfig = field(default_factory=lambda: ControllerConfig(shed_cooldown_s=10, observe_s=20))
+    agg: Aggregator = field(default_factory=lambda: Aggregator(AggConfig(window_ms=10_000, hop_ms=STEP_MS)))
+    state: ControllerState = field(default_factory=ControllerState)
+    rnd: random.Random = field(default_factory=lambda: random.Random(7))
+    now_ms: int = T0
+    control: bool = True
+    decisions: list[Decision] = field(default_factory=list)
+
+    def step(self, n: int, mu: float, a: float, b: float, heavy_ms: float = 300.0, light_acc: float | None = None,
+             vip: float = 0.02) -> float:
+        """n requests: length ~ lognormal(mu, 0.5), light confidence ~ Beta(a, b); returns the heavy share."""
+        heavy = 0
+        th = self.th
+        for i in range(n):
+            at = self.now_ms + i * STEP_MS // n
+            chars = max(1, int(self.rnd.lognormvariate(mu, 0.5)))
+            is_vip = self.rnd.random() < vip
+            conf = self.rnd.betavariate(a, b)
+            ok = self.rnd.random() < (conf if light_acc is None else light_acc)
+            light_intent = "x" if ok else "y"
+            rid = f"{at}-{i}"
+            if is_vip or chars > th.length_threshold:
+                heavy += 1
+                self._see(rid, "heavy", 0.9, True, False, chars, is_vip, at, heavy_ms, "x")
+            elif conf < th.escalate_below:
+                heavy += 1
+                self._see(rid, "light", conf, False, False, chars, is_vip, at, 20.0, light_intent)
+                self._see(rid, "heavy", 0.9, True, True, chars, is_vip, at, heavy_ms, "x")
+            else:
+                self._see(rid, "light", conf, True, False, chars, is_vip, at, 20.0, light_intent)
+        self.now_ms += STEP_MS
+        self.tick()
+        return heavy / n
+
+    def _see(self, rid: str, tier: str, conf: float, final: bool, esc: bool, chars: int, vip: bool, at: int,
+             total: float, intent: str) -> None:
+        self.agg.observe(Observed(rid, tier, f"{tier}-m", intent, conf, final, False, esc, False, self.th.version,
+                                  at, total, 1.0, 5.0, 8, chars, vip, "x"), at)
+
+    def tick(self) -> Decision:
+        self.agg.expire(self.now_ms)
+        w = self.agg.window(self.now_ms)
+        recent = self.agg.window(self.now_ms, int(self.cfg.observe_s * 1000))
+        d = decide(w, self.th, self.state, self.now_ms / 1000, self.agg.after_change(), self.cfg, recent)
+        self.decisions.append(d)
+        if self.control and d.action != "hold":
+            self.th = self.th.changed("feedback", d.reason, d.inputs, **d.values)
+            self.state = applied(d, self.th.version)
+            self.agg.track_since(self.th.version if d.action == "change" else None)
+        elif self.control:
+            self.state = d.state
+        return d
+
+
+def drift(k: int, steps: int) -> tuple[float, float, float]:
+    """Requests get longer (median 30 -> 65 characters) and light answers less sure (mean 0.84 -> 0.6)."""
+    f = min(1.0, k / steps)
+    return math.log(30) + f * math.log(65 / 30), 8 - 4 * f, 1.5 + 1.0 * f
+
+
+# --------------------------------------------------------------------------- budget tracking
+def test_drifting_stream_keeps_heavy_share_within_three_points() -> None:
+    sim = Sim()
+    shares = [sim.step(1500, *drift(k, 100)) for k in range(125)]
+    budget = sim.th.heavy_budget
+    settled = shares[5:]
+    blocks = [sum(settled[i:i + 5]) / 5 for i in range(0, len(settled) - 4, 5)]  # 10 s, like the window
+    assert max(abs(b - budget) for b in blocks) <= 0.03, [round(b, 3) for b in blocks]
+    assert sum(abs(s - budget) for s in settled) / len(settled) < 0.02
+    # both knobs moved: the length rule alone would have sent more than the budget heavy
+    assert sim.th.length_threshold > 60 and sim.th.escalate_below < 0.5
+    assert not any(d.action == "rollback" for d in sim.decisions)
+
+    frozen = Sim(control=False)
+    final = [frozen.step(1500, *drift(100, 100)) for _ in range(3)]
+    assert sum(final) / 3 - budget > 0.3  # what the drift does without the controller
+
+
+def test_holds_inside_the_deadband() -> None:
+    sim = Sim()
+    for _ in range(20):
+        sim.step(1500, math.log(30), 6, 2)
+    versions = sim.th.version
+    for _ in range(5):
+        sim.step(1500, math.log(30), 6, 2)
+    assert sim.th.version - versions <= 1
+    assert sim.decisions[-1].action == "hold" and "within" in sim.decisions[-1].reason
+
+
+def test_not_enough_results_holds() -> None:
+    sim = Sim()
+    sim.step(50, math.log(30), 6, 2)
+    assert sim.decisions[-1].action == "hold" and "text answers" in sim.decisions[-1].reason
+
+
+# --------------------------------------------------------------------------- latency
+def test_heavy_latency_spike_moves_traffic_off_heavy_and_back() -> None:
+    sim = Sim()
+    calm = [sim.step(1500, math.log(40), 6, 2) for _ in range(15)]
+    home = sim.th.length_threshold
+    before = sim.th
+    spike = [sim.step(1500, math.log(40), 6, 2, heavy_ms=6000) for _ in range(12)]
+    shed = [d for d in sim.decisions[15:] if d.action == "change" and "SLO" in d.reason]
+    assert shed, [d.reason for d in sim.decisions[15:]]
+    first = shed[0]
+    assert first.values.get("length_threshold", before.length_threshold) > before.length_threshold
+    assert first.values.get("escalate_below", before.escalate_below) <= before.escalate_below
+    assert sum(spike[-4:]) / 4 < sum(calm[-4:]) / 4 - 0.08
+    for _ in range(25):
+        sim.step(1500, math.log(40), 6, 2)
+    assert sim.th.length_threshold == pytest.approx(home, abs=3)
+    assert sim.state.shed_target is None
+
+
+def test_light_slo_breach_is_reported_not_acted_on() -> None:
+    sim = Sim()
+    for _ in range(6):
+        sim.step(1500, math.log(30), 6, 2)
+    w = sim.agg.window(sim.now_ms)
+    th = sim.th.model_copy(update={"light_slo_p95_ms": 5.0})
+    d = decide(w, th, sim.state, sim.now_ms / 1000, cfg=sim.cfg)
+    assert "light p95" in d.reason
+
+
+# --------------------------------------------------------------------------- rollback
+def _traffic(sim: Sim, steps: int, light_acc: float | None = None, heavy_ms: float = 300.0) -> None:
+    for _ in range(steps):
+        sim.step(1500, math.log(30), 6, 2, light_acc=light_acc, heavy_ms=heavy_ms)
+
+
+def test_a_change_that_costs_accuracy_is_rolled_back() -> None:
+    sim = Sim()
+    _traffic(sim, 12)
+    settled = sim.th
+    # An operator lowers the budget: the controller moves traffic off heavy...
+    sim.th = sim.th.changed("ops", "cheaper", heavy_budget=0.15)
+    _traffic(sim, 1)
+    change = sim.state.pending
+    assert change is not None and change.direction == "less_heavy"
+    # ...and from then on the light model is badly wrong: far worse than the change could explain.
+    _traffic(sim, 6, light_acc=0.3)
+    rollbacks = [d for d in sim.decisions if d.action == "rollback"]
+    assert rollbacks, [d.reason for d in sim.decisions[-7:]]
+    rb = rollbacks[0]
+    assert rb.rollback_to == change.previous_version and "accuracy fell" in rb.reason
+    assert rb.values == dict(change.values_before)
+    assert rb.values == {k: getattr(settled, k) for k in rb.values}  # the values before the change
+    assert rb.inputs["rolled_back"] == change.version
+    # no less-heavy move again during the hold
+    assert sim.state.blocked == "less_heavy"
+    _traffic(sim, 3, light_acc=0.3)
+    assert all(d.action != "change" or d.change is None or d.change.direction != "less_heavy"
+               for d in sim.decisions[-3:])
+
+
+def test_accuracy_rollback_needs_more_than_noise() -> None:
+    th = Thresholds(version=5)
+    change = applied(Decision("change", "", {}, ControllerState(), {"escalate_below": 0.4}, change=_change(5)), 6)
+    assert change.pending is not None
+    w = _window(th)
+    small = AfterChange(6, results=40, labeled=30, accuracy=0.7, heavy=10, heavy_p95_ms=300.0)
+    assert decide(w, th, change, 101.0, small).action != "rollback"  # 30 labels: below min_check_labeled
+    noisy = AfterChange(6, results=400, labeled=60, accuracy=0.78, heavy=100, heavy_p95_ms=300.0)
+    assert decide(w, th, change, 101.0, noisy).action != "rollback"  # 0.08 drop, but within 2 SE
+    clear = AfterChange(6, results=4000, labeled=3000, accuracy=0.70, heavy=100, heavy_p95_ms=300.0)
+    d = decide(w, th, change, 101.0, clear)
+    assert d.action == "rollback" and d.values == {"escalate_below": 0.5} and d.rollback_to == 5
+
+
+def test_a_change_that_breaks_the_heavy_slo_is_rolled_back() -> None:
+    th = Thresholds(version=5)
+    pending = replace(_change(5), direction="more_heavy", baseline_heavy_p95_ms=900.0)
+    state = ControllerState(pending=replace(pending, version=6))
+    w = _window(th)
+    slow = AfterChange(6, results=500, labeled=0, accuracy=None, heavy=200, heavy_p95_ms=th.heavy_slo_p95_ms * 2)
+    d = decide(w, th, state, 101.0, slow)
+    assert d.action == "rollback" and "SLO" in d.reason and d.state.blocked == "more_heavy"
+
+
+def test_an_observed_change_is_accepted_after_the_watch() -> None:
+    th = Thresholds(version=5)
+    state = ControllerState(pending=replace(_change(5), version=6))
+    fine = AfterChange(6, results=500, labeled=400, accuracy=0.9, heavy=100, heavy_p95_ms=300.0)
+    d = decide(_window(th), th, state, 100.0 + ControllerConfig().observe_s + 1, fine)
+    assert d.state.pending is None or d.state.pending.version != 6
+
+
+def _change(prev: int) -> Change:
+    return Change(version=0, previous_version=prev, at_s=100.0, values_before={"escalate_below": 0.5},
+                  values_after={"escalate_below": 0.4}, direction="less_heavy", shed=False,
+                  baseline_accuracy=0.9, baseline_heavy_p95_ms=300.0, baseline_labeled=3000)
+
+
+def _window(th: Thresholds, n: int = 3000, mu: float = 30.0) -> WindowStats:
+    sim = Sim(th=th, control=False)
+    sim.step(n, math.log(mu), 6, 2)
+    return sim.agg.window(sim.now_ms)
+
+
+# --------------------------------------------------------------------------- bounds and pins
+def test_pinned_keys_never_move() -> None:
+    sim = Sim(th=Thresholds(pinned=("escalate_below",)))
+    for k in range(40):
+        sim.step(1500, *drift(k, 30))
+    assert sim.th.escalate_below == 0.5
+    assert all("escalate_below" not in d.values for d in sim.decisions)
+    assert sim.th.length_threshold != 50  # the other knob still works
+
+    both = Sim(th=Thresholds(pinned=("escalate_below", "length_threshold")))
+    for k in range(10):
+        both.step(1500, *drift(k, 5))
+    assert both.th.version == 1 and all(d.action == "hold" for d in both.decisions)
+
+
+def test_rollback_skips_keys_pinned_meanwhile() -> None:
+    th = Thresholds(version=6, pinned=("escalate_below",))
+    state = ControllerState(pending=replace(_change(5), version=6))
+    clear = AfterChange(6, results=4000, labeled=3000, accuracy=0.6, heavy=100, heavy_p95_ms=300.0)
+    d = decide(_window(th), th, state, 101.0, clear)
+    assert d.action == "rollback" and d.values == {}
+
+
+def test_steps_are_bounded_and_values_stay_in_bounds() -> None:
+    cfg = ControllerConfig()
+    extremes = [
+        (Thresholds(heavy_budget=1.0), math.log(5), 50, 1),  # everything should escalate
+        (Thresholds(heavy_budget=0.0), math.log(30_000), 1, 50),  # nothing heavy, every request is huge
+        (Thresholds(heavy_budget=0.0, length_threshold=32_000), math.log(30_000), 1, 50),
+        (Thresholds(heavy_budget=0.5, escalate_below=0.0, length_threshold=1), math.log(5), 2, 2),
+    ]
+    for th, mu, a, b in extremes:
+        sim = Sim(th=th)
+        for _ in range(30):
+            prev = sim.th
+            sim.step(800, mu, a, b, vip=0.0)
+            lo_l, hi_l = BOUNDS["length_threshold"]
+            assert lo_l <= sim.th.length_threshold <= hi_l
+            assert 0.0 <= sim.th.escalate_below <= 1.0
+            assert abs(sim.th.escalate_below - prev.escalate_below) <= cfg.max_escalate_step + 1e-9
+            ratio = sim.th.length_threshold / prev.length_threshold
+            assert 1 / (1 + cfg.max_length_step) - 0.02 <= ratio <= 1 + cfg.max_length_step + 1 / prev.length_threshold
+
+
+def test_calibration_is_the_confidence_quantile() -> None:
+    w = _window(Thresholds(), n=5000)
+    t, q = calibrate_escalation(w.confidence, target=0.3, rule=0.1)
+    assert q == pytest.approx(0.2 / 0.9)
+    assert w.confidence.cdf(t) == pytest.approx(q, abs=1e-6)
+    assert calibrate_escalation(w.confidence, 0.05, 0.1) == (0.0, 0.0)
+    assert calibrate_escalation(w.confidence, 1.0, 0.1) == (1.0, 1.0)
+    share = predicted_share(w, 50, t)
+    assert 0.0 < share < 1.0
+
+
+def test_state_round_trips_through_json() -> None:
+    state = ControllerState(pending=replace(_change(3), version=4), shed_target=0.2, shed_at_s=5.0,
+                            length_home=50, hold_until_s=9.0, blocked="less_heavy")
+    assert ControllerState.from_json(orjson.loads(orjson.dumps(state.to_json()))) == state
+
+
+# --------------------------------------------------------------------------- the design article's score
+def test_score_formula() -> None:
+    assert score(0.0, 1000.0, 1.0, alpha=0.5) == 1.0
+    assert score(500.0, 1000.0, 0.8, alpha=0.5) == pytest.approx(0.5 * 0.5 + 0.5 * 0.8)
+    assert score(250.0, 1000.0, 0.9, alpha=0.3) == pytest.approx(0.3 * 0.75 + 0.7 * 0.9)
+    assert score(5000.0, 1000.0, 0.1, alpha=0.9) == 0.0  # clamped: far over the max latency
+    assert score(0.0, 1000.0, 1.0, alpha=0.0) == 1.0 and score(0.0, 1000.0, 0.2, alpha=0.0) == 0.2
+    with pytest.raises(ValueError):
+        score(1.0, 0.0, 1.0)
+    with pytest.raises(ValueError):
+        score(1.0, 10.0, 1.0, alpha=1.5)
+
+
+def test_score_over_last_n_and_ranking() -> None:
+    fast = score_of([10.0, 30.0], [1, 1, 0, 1], 1000.0, alpha=0.5)
+    slow = score_of([900.0, 900.0], [1, 1, 1, 1], 1000.0, alpha=0.5)
+    assert fast == pytest.approx(0.5 * 0.98 + 0.5 * 0.75)
+    assert slow == pytest.approx(0.5 * 0.1 + 0.5 * 1.0)
+    assert score_of([10.0], [], 1000.0) is None
+    assert score_of([10.0], [1, 1], 1000.0, min_outcomes=5) is None
+    assert rank_models({"slow": slow, "fast": fast, "new": None}) == ["fast", "slow", "new"]
