@@ -1,0 +1,103 @@
+"""The CLI as a user meets it: `tierflow up` stops cleanly, missing services give one clear line, the demo runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLOW_MULTIMODAL_MODEL": "echo",
+        "TIERFLOW_ZH_MODEL": ""}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc's children lists)."""
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            for k in kids:
+                if k not in out:
+                    out.add(k)
+                    todo.append(k)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_")}
+    env.update(TIERFLOW_DATA_DIR=str(tmp_path), **extra)
+    return env
+
+
+def test_up_then_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()), **ECHO)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    assert any("tierflow is up" in line for line in lines), "".join(lines)
+    time.sleep(8)  # agents start and load
+    kids = descendants(proc.pid)
+    names = {Path(f"/proc/{k}/cmdline").read_text().replace("\0", " ") for k in kids if alive(k)}
+    assert any("tansu" in n for n in names) and any("valkey" in n for n in names)
+    assert sum("pipeline.cli" in n for n in names) >= 5, names  # ingest, 3 workers, feedback
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    time.sleep(0.5)
+    left = [k for k in kids if alive(k)]
+    assert left == [], left
+
+
+@pytest.mark.parametrize(("command", "what"), [(["ingest"], "Kafka"), (["thresholds", "show"], "Redis"),
+                                               (["send", "hello"], "Kafka")])
+def test_missing_service_is_one_clear_line(tmp_path: Path, command: list[str], what: str) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    env = clean_env(tmp_path, TIERFLOW_KAFKA_BOOTSTRAP=dead, TIERFLOW_REDIS_URL=f"redis://{dead}/0")
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", *command], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1, out.stderr
+    assert what in err[0] and dead in err[0] and "Traceback" not in out.stderr
+
+
+def test_demo_answers_every_sample(tmp_path: Path) -> None:
+    """The README's demo command: real packaged models, every sample answered, exit 0."""
+    from pipeline.samples import SAMPLES
+
+    env = clean_env(tmp_path, TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()),
+                    COLUMNS="200")
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "demo", "--timeout", "400"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for s in SAMPLES:
+        assert s["id"] in out.stdout
+    assert "routing summary" in out.stdout and "multimodal=1" in out.stdout
