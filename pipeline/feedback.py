@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -411,6 +414,33 @@ def build_app(fb: Feedback) -> faust.App:
     return app
 
 
+class _Worker(faust.Worker):
+    """faust's worker with a bounded stop: with the broker gone, faust's own stop takes a minute."""
+
+    grace_s = 15.0
+    on_give_up: Callable[[], None] | None = None
+
+    def _on_sigterm(self) -> None:
+        self._arm()
+        super()._on_sigterm()
+
+    def _on_sigint(self) -> None:
+        self._arm()
+        super()._on_sigint()
+
+    def _arm(self) -> None:
+        timer = threading.Timer(self.grace_s, self._give_up)
+        timer.daemon = True
+        timer.start()
+
+    def _give_up(self) -> None:
+        log.warning("feedback: stop did not finish in %.0fs (broker unreachable?); exiting now", self.grace_s)
+        if self.on_give_up is not None:
+            self.on_give_up()
+        logging.shutdown()
+        os._exit(0)
+
+
 # --------------------------------------------------------------------------- entry point
 def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
     """Run the feedback agent until SIGTERM / SIGINT; 0 on a clean stop."""
@@ -426,9 +456,10 @@ def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
     if not fb.restore_io():
         log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
     app = build_app(fb)
-    worker = faust.Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
-                          redirect_stdouts=False, override_logging=False)
+    worker = _Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
+                     redirect_stdouts=False, override_logging=False)
     worker.spinner = None
+    worker.on_give_up = lambda: _final_save(fb)
     log.info("feedback: %s + %s, window %.0fs, control every %.1fs, group %s", fb.topics.results,
              fb.topics.labels, cfg.window_s, cfg.interval_s, group_of(settings, cfg))
     code = 0
@@ -437,10 +468,14 @@ def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        # The last batches were counted after the last tick: keep them.
-        if fb.restored and fb.save_io(fb.snapshot(int(time.time() * 1000))):
-            log.info("feedback: state saved (%d results so far)", fb.agg.observed)
+        _final_save(fb)
     return code
+
+
+def _final_save(fb: Feedback) -> None:
+    """The last batches were counted after the last tick: keep them."""
+    if fb.restored and fb.save_io(fb.snapshot(int(time.time() * 1000))):
+        log.info("feedback: state saved (%d results so far)", fb.agg.observed)
 
 
 if __name__ == "__main__":  # `python -m pipeline.feedback`: settings from the environment
