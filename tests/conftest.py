@@ -91,3 +91,15 @@ def running() -> Iterator[Running]:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def packaged_models(services: Settings) -> dict[Any, Any]:
+    """The real per-tier models from the packaged artefacts, set up once per run (Tier -> model)."""
+    from pipeline.topics import Tier
+    from workers.models.registry import tier_model
+
+    models = {t: tier_model(services, t) for t in Tier}
+    for m in models.values():
+        m.setup("cpu")
+    return models

@@ -19,7 +19,7 @@ from pipeline.settings import Settings
 from pipeline.topics import Tier
 from schemas import validator
 from tests.conftest import Running
-from tests.integration.helpers import drain, produce_all, reader, values
+from tests.integration.helpers import drain, produce_all, reader, values, wait_ready
 from workers.model import InferenceModel
 from workers.runner import Worker
 
@@ -69,21 +69,11 @@ def valid_requests(n: int) -> list[dict[str, object]]:
     return out
 
 
-@pytest.fixture(scope="session")
-def packaged_models(services: Settings) -> dict[Tier, InferenceModel]:
-    """The real per-tier models from the packaged artefacts, set up once per run."""
-    from workers.models.registry import tier_model
-
-    models = {t: tier_model(services, t) for t in Tier}
-    for m in models.values():
-        m.setup("cpu")
-    return models
-
-
 def start_pipeline(settings: Settings, running: Running, models: dict[Tier, InferenceModel]) -> None:
     running.start(Ingest(settings))
     for tier, model in models.items():
         running.start(Worker(settings, tier, model))
+    wait_ready(settings, [t.value for t in models])
 
 
 def test_thousand_requests_one_answer_each_and_malformed_to_dlq(
@@ -159,3 +149,37 @@ def test_routing_rules_on_the_wire(
     assert got["long"]["tier"] == "heavy" and got["long"]["route_reason"] == "length"
     assert got["vip"]["tier"] == "heavy" and got["vip"]["route_reason"] == "vip"
     assert got["img"]["tier"] == "multimodal" and got["img"]["route_reason"] == "image"
+
+
+def test_unsure_light_answers_escalate_to_heavy(
+    settings_factory: Callable[..., Settings], running: Running, packaged_models: dict[Tier, InferenceModel]
+) -> None:
+    """With escalate_below high, short messages go light -> heavy: one answer, both stages on the results."""
+    import redis
+
+    from pipeline.thresholds import ThresholdStore
+
+    s = settings_factory()
+    t = topics_of(s)
+    ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).update("test", "escalate nearly all",
+                                                                         escalate_below=0.999)
+    start_pipeline(s, running, packaged_models)
+    answers_c, results_c = reader(s, t.answers), reader(s, t.results)
+    reqs = [{"id": f"esc-{i}", "text": text} for i, text in enumerate(["card?", "hmm my thing", "exchange", "我的卡"])]
+    produce_all(s, t.requests, [orjson.dumps(r) for r in reqs])
+    answers = values(drain(answers_c, lambda ms: len(ms) >= 4, timeout=120, settle=1.0))
+    results = values(drain(results_c, lambda ms: len(ms) >= 8, timeout=60, settle=1.0))
+    assert sorted(a["request_id"] for a in answers) == sorted(r["id"] for r in reqs)
+    for a in answers:
+        assert a["escalated"] and a["tier"] == "heavy" and a["route_reason"] == "short:escalated", a
+    by_id: dict[str, list[dict[str, object]]] = {}
+    for r in results:
+        by_id.setdefault(str(r["request_id"]), []).append(r)
+    for rid, stages in by_id.items():
+        kinds = sorted((str(r["stage"]), bool(r["final"])) for r in stages)
+        assert kinds == [("heavy", True), ("light", False)], (rid, kinds)
+        heavy = next(r for r in stages if r["stage"] == "heavy")
+        light = next(r for r in stages if r["stage"] == "light")
+        assert heavy["light_intent"] == light["intent"]
+    for c in (answers_c, results_c):
+        c.close()
