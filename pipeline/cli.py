@@ -192,11 +192,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _print_endpoints(s: Settings, log_dir: Path) -> None:
+    from pipeline.logs import scrub
+
     kafka = s.bootstrap + ("  (embedded tansu)" if s.embedded_kafka else "")
-    rds = s.redis + ("  (embedded valkey)" if s.embedded_redis else "")
+    rds = scrub(s.redis) + ("  (embedded valkey)" if s.embedded_redis else "")
     print(f"tierflow is up\n  kafka   {kafka}\n  redis   {rds}\n  logs    {log_dir}/\n"
           f"  topics  {s.topic_prefix}*\n"
-          f"  try:    TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={s.redis} "
+          f"  try:    TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis)} "
           "tierflow send 'my card has not arrived' --wait\n  Ctrl-C stops everything.", flush=True)
 
 

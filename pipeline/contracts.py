@@ -52,7 +52,8 @@ class Request(BaseModel):
     user_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     image: Image | None = None
     lang: Annotated[str, Field(min_length=1, max_length=16)] | None = None
-    ts: Annotated[int, Field(ge=0)] | None = None
+    # strict: the schema says integer, so "123" and true are producer bugs, not timestamps
+    ts: Annotated[int, Field(ge=0, strict=True)] | None = None
     label: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     meta: dict[str, Any] | None = None
 

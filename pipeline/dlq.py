@@ -42,11 +42,20 @@ def _pairs(msg: Message) -> list[tuple[str, bytes | None]]:
 
 
 def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: str, stage: str,
-           on_delivery: Any = None) -> None:
-    """Send `msg` (its original key and value) to the dead-letter topic with the reason."""
+           on_delivery: Any = None, max_bytes: int = 1 << 20) -> None:
+    """Send `msg` (its original key and value) to the dead-letter topic with the reason.
+
+    A value too big to produce again is cut to `max_bytes` less a margin for headers, and says so in
+    `x-truncated` (its original size): the reason and the source offset still let anyone find the rest.
+    """
     metrics.DLQ.labels(stage, kind).inc()
-    produce(producer, dlq_topic, msg.value() or b"", key=msg.key(), headers=dlq_headers(msg, kind, reason, stage),
-            on_delivery=on_delivery)
+    value = msg.value() or b""
+    headers = dlq_headers(msg, kind, reason, stage)
+    room = max(0, max_bytes - 64 * 1024)
+    if len(value) > room:
+        headers.append(("x-truncated", str(len(value)).encode()))
+        value = value[:room]
+    produce(producer, dlq_topic, value, key=msg.key(), headers=headers, on_delivery=on_delivery)
 
 
 def headers_dict(msg: Message) -> dict[str, str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import orjson
 import redis
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from pipeline import features, metrics
 from pipeline.contracts import MAX_IMAGE_BYTES, decode_request, fast_request
@@ -26,10 +26,10 @@ from pipeline.health import HealthLimits, HealthState, assess
 from pipeline.heartbeats import observe
 from pipeline.kafka import (
     DeliveryTracker,
+    commit,
     lag_of,
     make_consumer,
     make_producer,
-    next_offsets,
     poll_batch,
     produce,
     rewind,
@@ -189,10 +189,9 @@ class Ingest:
             rewind(self.replay_consumer, replayed)
             time.sleep(0.5)
             return len(msgs)
-        if good:
-            self.consumer.commit(offsets=next_offsets(good), asynchronous=False)
+        commit(self.consumer, good, "ingest")
         if replayed:
-            self.replay_consumer.commit(offsets=next_offsets(replayed), asynchronous=False)
+            commit(self.replay_consumer, replayed, "ingest")
             metrics.REQUESTS_IN.labels("replay").inc(len(replayed))
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
@@ -242,7 +241,8 @@ class Ingest:
                     image_bytes = len(data)
             except InvalidMessage as e:
                 stage = "ingest" if replay_job is None else "ingest:replay"
-                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, stage, self.delivery)
+                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, stage, self.delivery,
+                       self.s.max_message_bytes)
                 self.stats.dead += 1
                 return
             rid, text, user_id, lang, has_image, req_ts = (req.id, req.text or "", req.user_id, req.lang,
@@ -268,7 +268,13 @@ class Ingest:
         }
         if replay_job is not None:
             tail.update(replay=True, replay_job=replay_job, replay_force=force)
-            self._send_replay(raw, tail, r, key, shadow)
+            try:
+                self._send_replay(raw, tail, r, key, shadow)
+            except InvalidMessage as e:
+                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest:replay", self.delivery,
+                       self.s.max_message_bytes)
+                self.stats.dead += 1
+                return
             routed[(r.tier, "replay")] += 1
             return
         value = _routed(raw, tail)
@@ -277,6 +283,13 @@ class Ingest:
             self.producer.produce(topic, value, key, on_delivery=self.delivery)
         except BufferError:
             produce(self.producer, topic, value, key, on_delivery=self.delivery)
+        except KafkaException:
+            # A valid request whose routed record is too big to produce (an image near the limit).
+            to_dlq(self.producer, self.topics.dlq, msg, "oversize",
+                   f"routed record is {len(value)} bytes, over max_message_bytes {self.s.max_message_bytes}",
+                   "ingest", self.delivery, self.s.max_message_bytes)
+            self.stats.dead += 1
+            return
         routed[(r.tier, r.reason)] += 1
         if r.tier is Tier.LIGHT and not r.degraded and th.shadow_rate > 0 and in_sample(rid, th.shadow_rate):
             tail.update(shadow=True, tier=Tier.HEAVY.value, route_reason="shadow")
@@ -287,6 +300,9 @@ class Ingest:
 
     def _send_replay(self, raw: bytes | None, tail: dict[str, object], r: Route, key: bytes, shadow: bool) -> None:
         """To the backfill tier topics; `shadow` runs both light and heavy and answers nobody."""
+        if len(raw or b"") + 2048 > self.s.max_message_bytes:
+            raise InvalidMessage("oversize", f"routed record would be over max_message_bytes "
+                                             f"{self.s.max_message_bytes}")
         if shadow:
             for tier in (Tier.LIGHT, Tier.HEAVY):
                 tail.update(tier=tier, shadow=True, route_reason=f"replay_shadow:{r.reason}")

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import metrics
-from pipeline.errors import ServiceUnavailable
+from pipeline.errors import InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
 from pipeline.topics import Topics, TopicSpec, topic_specs
 
@@ -100,6 +100,11 @@ def produce(producer: Producer, topic: str, value: bytes, key: bytes | str | Non
             return
         except BufferError:
             producer.poll(0.05)
+        except KafkaException as e:
+            if e.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                raise InvalidMessage("oversize", f"a {len(value)}-byte record for {topic} is over the "
+                                                 "producer's message.max.bytes") from None
+            raise
 
 
 def poll_batch(consumer: Consumer, max_size: int, timeout: float) -> list[Message]:
@@ -115,6 +120,23 @@ def poll_batch(consumer: Consumer, max_size: int, timeout: float) -> list[Messag
     if msgs and max_size > 1:
         msgs.extend(consumer.consume(max_size - 1, 0))
     return msgs
+
+
+def commit(consumer: Consumer, msgs: list[Message], who: str) -> bool:
+    """Commit the offsets after `msgs`; False (logged) when the group rejected it.
+
+    A rejected commit (member unknown after a broker restart, a rebalance mid-batch) is survivable: the
+    records are re-read by whoever owns the partitions next, and answer consumers dedupe by request id.
+    """
+    if not msgs:
+        return True
+    try:
+        consumer.commit(offsets=next_offsets(msgs), asynchronous=False)
+        return True
+    except KafkaException as e:
+        metrics.BROKER_ERRORS.labels(who, e.args[0].name()).inc()
+        log.warning("%s: commit rejected (%s); the batch will be re-read", who, e.args[0].str())
+        return False
 
 
 def next_offsets(msgs: Iterable[Message]) -> list[TopicPartition]:
@@ -179,7 +201,9 @@ def check_reachable(address: str, what: str, timeout: float = 3.0) -> None:
                 return
         except OSError as e:
             last = e
-    raise ServiceUnavailable(f"cannot reach {what} at {address}: {last.strerror or last}")
+    from pipeline.logs import scrub
+
+    raise ServiceUnavailable(f"cannot reach {what} at {scrub(address)}: {last.strerror or last}")
 
 
 def create_topics(settings: Settings, timeout: float = 30.0) -> list[str]:

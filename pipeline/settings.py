@@ -25,7 +25,8 @@ class Settings(BaseSettings):
 
     # --- where the services are (None: the embedded stack of `tierflow up`) ---
     kafka_bootstrap: str | None = Field(None, description="Kafka bootstrap servers; unset: embedded broker")
-    redis_url: str | None = Field(None, description="Redis URL; unset: embedded Valkey")
+    # A secret: a Redis URL may carry a password (redis://user:pass@host, rediss:// for TLS).
+    redis_url: SecretStr | None = Field(None, description="Redis URL; unset: embedded Valkey")
     kafka_port: int = Field(DEFAULT_KAFKA_PORT, description="embedded broker port")
     redis_port: int = Field(DEFAULT_REDIS_PORT, description="embedded Redis port")
     data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
@@ -100,7 +101,11 @@ class Settings(BaseSettings):
     @property
     def redis(self) -> str:
         """The Redis URL to dial: the configured one, else the embedded server's."""
-        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+        url = self.redis_url
+        if url is None:
+            return f"redis://127.0.0.1:{self.redis_port}/0"
+        # model_copy(update=...) skips validation, so a plain str can land here too.
+        return url.get_secret_value() if isinstance(url, SecretStr) else str(url)
 
     @property
     def embedded_kafka(self) -> bool:

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,7 +31,8 @@ log = logging.getLogger(__name__)
 class Thresholds(BaseModel):
     """The routing and control document. Bounds are enforced on every write and every read."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a document in Redis is JSON written by us or by a person; `true` or "100" is a mistake, not 1 or 100
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     version: int = Field(1, ge=1)
     length_threshold: int = Field(50, ge=1, le=32_768, description="characters; longer -> heavy")
@@ -114,8 +114,8 @@ class ThresholdStore:
 
     def _parse(self, raw: bytes | str) -> Thresholds:
         try:
-            return Thresholds.model_validate(orjson.loads(raw))
-        except (ValidationError, orjson.JSONDecodeError) as e:
+            return Thresholds.model_validate_json(raw)
+        except (ValidationError, ValueError) as e:
             # A hostile or corrupt value must not break routing: refuse it loudly.
             msg = _first_error(e) if isinstance(e, ValidationError) else str(e)
             raise InvalidThresholds(f"thresholds in Redis at {self.key} are invalid: {msg}") from None
@@ -154,7 +154,7 @@ class ThresholdStore:
 
     def history(self, last: int | None = None) -> list[Thresholds]:
         start = -last if last else 0
-        return [Thresholds.model_validate(orjson.loads(x)) for x in self.r.lrange(self.history_key, start, -1)]
+        return [Thresholds.model_validate_json(x) for x in self.r.lrange(self.history_key, start, -1)]
 
     def version(self, version: int) -> Thresholds:
         for doc in self.history():

@@ -26,6 +26,7 @@ from pipeline.errors import InvalidMessage
 from pipeline.heartbeats import Heartbeat, LatencyWindow
 from pipeline.kafka import (
     DeliveryTracker,
+    commit,
     lag_of,
     make_consumer,
     make_producer,
@@ -265,13 +266,17 @@ class Worker:
                                       "confidence": float(pred.confidence), "model": pred.model,
                                       "inference_ms": round(infer_ms, 3)})
             heavy_topic = self.topics.replay_tier(Tier.HEAVY) if rr.replay else self.topics.tier(Tier.HEAVY)
-            produce(self.producer, heavy_topic, orjson.dumps(up), key, on_delivery=self.delivery)
+            try:
+                produce(self.producer, heavy_topic, orjson.dumps(up), key, on_delivery=self.delivery)
+            except InvalidMessage as e:  # too big to forward (an image near the limit): dead-letter, say why
+                self._dead(msg, e.kind, f"escalation to heavy failed: {e.reason}")
 
         elif final and not repeat:
             produce(self.producer, self.topics.answers, orjson.dumps(answer), key, on_delivery=self.delivery)
 
     def _dead(self, msg: Message, kind: str, reason: str) -> None:
-        to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery)
+        to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery,
+               self.s.max_message_bytes)
         self.stats.dead += 1
 
     def _finish(self, live: list[Message], backfill: list[Message]) -> int:
@@ -292,10 +297,8 @@ class Worker:
                 rewind(self.replay_consumer, backfill)
                 time.sleep(0.5)
                 return len(live) + len(backfill)
-            if live:
-                self.consumer.commit(offsets=next_offsets(live), asynchronous=False)
-        if backfill:
-            self.replay_consumer.commit(offsets=next_offsets(backfill), asynchronous=False)
+            commit(self.consumer, live, self.worker_id)
+        commit(self.replay_consumer, backfill, self.worker_id)
         self._count(len(live) + len(backfill))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)

@@ -101,8 +101,6 @@ def test_every_secret_is_a_secret_str() -> None:
     assert SASL_PW not in shown and KEY_PW not in shown and "sk-s3cret" not in shown
 
 
-@pytest.mark.xfail(strict=True, reason="BUG pipeline/settings.py: redis_url is a plain str, so a password in it "
-                   "prints with repr(settings) / model_dump_json() (Kafka and HTTP secrets are SecretStr)")
 def test_redis_password_does_not_print_with_the_settings() -> None:
     s = secure_settings()
     assert REDIS_PW not in repr(s) + s.model_dump_json()
@@ -183,17 +181,12 @@ def test_agents_never_print_the_passwords(agent: list[str], log_json: str) -> No
     assert SASL_PW not in out and REDIS_PW not in out, out[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG pipeline/cli.py main(): ServiceUnavailable from check_reachable() quotes "
-                   "the Redis URL with its password ('cannot reach Redis at redis://user:PASSWORD@...'), printed "
-                   "unscrubbed to stderr by every command that needs Redis (thresholds, vip, fault, replay)")
 def test_an_unreachable_redis_error_hides_the_password() -> None:
     out = run_agent(["thresholds", "show"], secret_env(free_closed_port(), free_closed_port()), seconds=20.0)
     assert "cannot reach Redis" in out
     assert REDIS_PW not in out, out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG pipeline/cli.py _print_endpoints(): `tierflow up` prints the Redis URL "
-                   "(and the copy-paste TIERFLOW_REDIS_URL=... hint) with its password")
 def test_tierflow_up_banner_hides_the_redis_password(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from pipeline.cli import _print_endpoints
 
@@ -289,8 +282,6 @@ def test_huge_but_valid_metadata_is_accepted_within_bounds(loaded_cache: tuple[F
     assert time.perf_counter() - t0 < 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG pipeline/thresholds.py Thresholds: read in pydantic's lax mode, so "
-                   "{\"length_threshold\": true} is taken as 1 (every message routed heavy) and \"100\" as 100")
 @pytest.mark.parametrize("value", [b"true", b'"100"'])
 def test_threshold_values_must_have_their_json_type(loaded_cache: tuple[FakeRedis, ThresholdCache],
                                                     value: bytes) -> None:
