@@ -96,15 +96,29 @@ def _send_and_collect(s: Settings, reader: AnswerReader, timeout_s: float, conso
 
 def _print(console: Console, answers: dict[str, Any]) -> None:
     texts = {q["id"]: q.get("text", "") for q in requests()}
+    wide = console.width >= 140
     table = Table(title="answers", show_lines=False)
-    for col in ("id", "message", "tier", "route", "model", "intent", "conf", "ms", "answer"):
-        table.add_column(col, overflow="fold")
+    table.add_column("id", no_wrap=True, min_width=2)
+    table.add_column("message", overflow="ellipsis", no_wrap=True, max_width=40 if wide else 16)
+    table.add_column("tier", no_wrap=True, min_width=10)
+    table.add_column("rule", no_wrap=True, min_width=6)
+    if wide:
+        table.add_column("model", no_wrap=True)
+    table.add_column("intent", overflow="ellipsis", no_wrap=True, max_width=28 if wide else 16)
+    table.add_column("conf", justify="right", no_wrap=True, min_width=4)
+    table.add_column("ms", justify="right", no_wrap=True, min_width=5)
     for rid in sorted(answers):
         a = answers[rid]
-        tier = a["tier"] + (" (esc)" if a["escalated"] else "") + (" (degraded)" if a["degraded"] else "")
-        table.add_row(rid, _short(texts.get(rid, ""), 28), tier, a["route_reason"], a["model"], a["intent"],
-                      f"{a['confidence']:.2f}", str(a["timings_ms"]["total"]), _short(a["answer"], 60))
+        tier = a["tier"] + ("+esc" if a["escalated"] else "") + ("+deg" if a["degraded"] else "")
+        row = [rid.removeprefix("demo-"), _short(texts.get(rid, ""), 60), tier, a["route_reason"].split(":")[0]]
+        if wide:
+            row.append(a["model"])
+        row += [a["intent"], f"{a['confidence']:.2f}", str(a["timings_ms"]["total"])]
+        table.add_row(*row)
     console.print(table)
+    for rid in sorted(answers):
+        console.print(f"[bold]{rid}[/bold] ({answers[rid]['model']}): {_short(answers[rid]['answer'], 160)}",
+                      highlight=False)
     split = Counter(a["tier"] for a in answers.values())
     reasons = Counter(a["route_reason"] for a in answers.values())
     esc = sum(1 for a in answers.values() if a["escalated"])
