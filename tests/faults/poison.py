@@ -3,7 +3,6 @@
 Each strategy yields `(category, raw bytes or None)`. Nothing here is schema-valid: JSON-shaped cases are
 checked against schemas/request.v1.json, and the image cases are valid JSON whose image bytes are not a
 decodable image within limits (ingest checks magic bytes and size; the multimodal worker decodes).
-Known model/schema disagreements (ts given as "123" or true) are left to their own test.
 """
 
 from __future__ import annotations
@@ -131,9 +130,8 @@ WRONG: dict[str, st.SearchStrategy[Any]] = {
     "user_id": st.one_of(st.integers(), st.just(""), st.text(min_size=129, max_size=140)),
     "lang": st.one_of(st.just(""), st.text(min_size=17, max_size=30), st.integers()),
     "label": st.one_of(st.just(""), st.integers(), st.text(min_size=129, max_size=140)),
-    # Not "123" or true: the model coerces those (test_timestamps_are_integers_as_the_schema_says).
     "ts": st.one_of(st.integers(max_value=-1), st.floats(0.5, 1e12).filter(lambda x: x != int(x)),
-                    st.lists(st.integers(), max_size=2)),
+                    st.lists(st.integers(), max_size=2), st.booleans(), st.integers(0).map(str)),
     "meta": st.one_of(st.text(max_size=10), st.lists(st.integers(), max_size=3), st.integers()),
     "image": st.one_of(st.text(max_size=10),
                        st.fixed_dictionaries({"data": st.integers(), "mime": st.just("image/png")}),
@@ -196,7 +194,8 @@ def bad_base64(draw: st.DrawFn) -> Poison:
     return "bad_base64", dumps({**draw(base), "image": {"data": data, "mime": "image/png"}})
 
 
-BY_CONSTRUCTION = WORKER_CATEGORIES | {"wrong_magic", "bad_base64", "oversize_image", "deep_nesting"}
+BY_CONSTRUCTION = WORKER_CATEGORIES | {"wrong_magic", "bad_base64", "oversize_image", "oversize_record",
+                                       "deep_nesting"}
 MAGICS = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF")
 
 
