@@ -34,6 +34,9 @@ class Reliability:
 
 _RELIABILITY = Reliability()
 _KNOWN_BUGS: list[dict[str, str]] = []  # strict-xfail tests that failed as expected: open bugs
+# Tests whose docstring says "Regression (found by this suite): ...": bugs found here and fixed since.
+REGRESSION = "Regression (found by this suite):"
+_REGRESSIONS: dict[str, dict[str, str]] = {}
 
 
 @pytest.fixture
@@ -47,11 +50,21 @@ def _save_reliability() -> Iterator[None]:
     yield
     out = os.environ.get("TIERFLOW_RELIABILITY_JSON")
     if out:
-        Path(out).write_text(json.dumps({"rows": _RELIABILITY.rows, "known_bugs": _KNOWN_BUGS}, indent=1,
-                                        ensure_ascii=False))
+        Path(out).write_text(json.dumps({"rows": _RELIABILITY.rows, "known_bugs": _KNOWN_BUGS,
+                                         "regressions": list(_REGRESSIONS.values())}, indent=1, ensure_ascii=False))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        doc = " ".join((getattr(getattr(item, "function", None), "__doc__", None) or "").split())
+        if REGRESSION in doc:
+            what = doc.split(REGRESSION, 1)[1].strip()
+            _REGRESSIONS[item.nodeid] = {"test": item.nodeid, "bug": what, "outcome": "not run"}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid in _REGRESSIONS and (report.when == "call" or report.failed):
+        _REGRESSIONS[report.nodeid]["outcome"] = report.outcome
     if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
         _KNOWN_BUGS.append({"test": report.nodeid, "reason": str(report.wasxfail).removeprefix("reason: ")})
 

@@ -116,6 +116,12 @@ def render(data: dict[str, Any], command: str, code: int, took_s: float) -> str:
             out.append(f"- {reason}  \n  " + ", ".join(f"`{t}`" for t in tests))
     else:
         out.append("None.")
+    fixed: dict[str, list[str]] = defaultdict(list)
+    for reg in data.get("regressions", []):
+        fixed[reg["bug"]].append(f"`{reg['test'].split('::')[-1]}` {reg['outcome']}")
+    if fixed:
+        out += ["", "## Bugs the suite found, fixed since (now regression tests)", ""]
+        out += [f"- {bug}  \n  " + ", ".join(tests) for bug, tests in fixed.items()]
     out += ["", "## Running it", "",
             "- `python -m pytest tests/faults` runs everything; CI runs the short variants "
             "(`pytest -m \"not slow\"`).",

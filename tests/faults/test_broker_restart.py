@@ -210,7 +210,7 @@ def test_worker_survives_a_rejected_commit(memory_broker: tuple[Stack, Settings]
     """A commit rejected by the group (member unknown after a broker restart; on Kafka also a rebalance during
     a long batch) must not kill the worker: skip the commit, rejoin, re-process (at-least-once).
 
-    Regression (found by this suite): the worker exited on KafkaException(UNKNOWN_MEMBER_ID).
+    Regression (found by this suite): workers/runner.py, a commit rejected with UNKNOWN_MEMBER_ID ended the worker.
     """
     broker, s = memory_broker
     agents = Agents(s).start("ingest", "worker-light")

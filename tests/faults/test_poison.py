@@ -136,7 +136,9 @@ def huge_record(settings: Settings) -> bytes:
 
 @pytest.mark.integration
 def test_a_record_over_the_size_limit_is_dead_lettered(settings_factory: Callable[..., Settings]) -> None:
-    """Regression (found by this suite): the over-limit record used to crash ingest on every restart."""
+    """Regression (found by this suite): pipeline/ingest.py + dlq.py, an over-limit record crashed ingest (re-producing
+    it to the DLQ raised MSG_SIZE_TOO_LARGE), again after every restart.
+    """
     s = settings_factory()
     agents = Agents(s).start("ingest")
     sent = Sent()
@@ -156,7 +158,9 @@ def test_a_record_over_the_size_limit_is_dead_lettered(settings_factory: Callabl
 
 @pytest.mark.integration
 def test_a_valid_request_too_big_to_route_is_dead_lettered(settings_factory: Callable[..., Settings]) -> None:
-    """Regression (found by this suite): routing fields pushed the record over the limit and crashed ingest."""
+    """Regression (found by this suite): pipeline/ingest.py, a valid request whose routed record exceeded the limit
+    crashed ingest.
+    """
     s = settings_factory()
     agents = Agents(s).start("ingest")
     sent = Sent()
@@ -180,7 +184,9 @@ def test_a_valid_request_too_big_to_route_is_dead_lettered(settings_factory: Cal
 
 @pytest.mark.parametrize("ts", ['"123"', "true", '"0"'])
 def test_timestamps_are_integers_as_the_schema_says(ts: str) -> None:
-    """Regression (found by this suite): lax coercion answered records the schema rejects."""
+    """Regression (found by this suite): pipeline/contracts.py, ts "123" and true were coerced to integers, so schema-
+    invalid records were answered.
+    """
     raw = b'{"id":"a","text":"hello","ts":' + ts.encode() + b"}"
     with pytest.raises(InvalidMessage):
         decode_request(raw, 1 << 20)

@@ -102,6 +102,9 @@ def test_every_secret_is_a_secret_str() -> None:
 
 
 def test_redis_password_does_not_print_with_the_settings() -> None:
+    """Regression (found by this suite): pipeline/settings.py, redis_url was a plain str, printed with its password by
+    repr(settings).
+    """
     s = secure_settings()
     assert REDIS_PW not in repr(s) + s.model_dump_json()
 
@@ -182,12 +185,16 @@ def test_agents_never_print_the_passwords(agent: list[str], log_json: str) -> No
 
 
 def test_an_unreachable_redis_error_hides_the_password() -> None:
+    """Regression (found by this suite): pipeline/cli.py, 'cannot reach Redis at redis://user:PASSWORD@...' went to
+    stderr as is.
+    """
     out = run_agent(["thresholds", "show"], secret_env(free_closed_port(), free_closed_port()), seconds=20.0)
     assert "cannot reach Redis" in out
     assert REDIS_PW not in out, out
 
 
 def test_tierflow_up_banner_hides_the_redis_password(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Regression (found by this suite): pipeline/cli.py, `tierflow up` printed the Redis URL, password included."""
     from pipeline.cli import _print_endpoints
 
     _print_endpoints(secure_settings(), tmp_path)
@@ -285,6 +292,9 @@ def test_huge_but_valid_metadata_is_accepted_within_bounds(loaded_cache: tuple[F
 @pytest.mark.parametrize("value", [b"true", b'"100"'])
 def test_threshold_values_must_have_their_json_type(loaded_cache: tuple[FakeRedis, ThresholdCache],
                                                     value: bytes) -> None:
+    """Regression (found by this suite): pipeline/thresholds.py, lax parsing took {"length_threshold": true} as 1 (all
+    heavy).
+    """
     r, cache = loaded_cache
     r.set(cache.store.key, b'{"version": 9, "length_threshold": ' + value + b"}")
     assert not cache.refresh()
