@@ -487,7 +487,7 @@ def _heavy_budget(settings: Settings) -> float | None:
         check_reachable(settings.redis, "Redis", timeout=1.0)
         r = redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=1)
         raw = r.get(ThresholdStore(r, settings.redis_prefix).key)
-        return Thresholds.model_validate(orjson.loads(raw)).heavy_budget if raw else None
+        return Thresholds.model_validate_json(raw).heavy_budget if raw else None
     except (ServiceUnavailable, redis.RedisError, OSError, ValueError):
         return None
 

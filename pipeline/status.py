@@ -270,7 +270,7 @@ class Status:
             for tier in _TIERS:
                 beats[tier] = read_heartbeats(self.r, self.s.redis_prefix, tier)
             raw = self.r.get(f"{self.s.redis_prefix}thresholds")
-            thresholds = Thresholds.model_validate(orjson.loads(raw)) if raw else None
+            thresholds = Thresholds.model_validate_json(raw) if raw else None
             if raw is None:
                 notes.append("no thresholds in Redis yet (ingest writes the defaults when it starts)")
         except (redis.RedisError, OSError) as e:

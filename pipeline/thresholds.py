@@ -45,7 +45,8 @@ class Thresholds(BaseModel):
     degrade_lag: int = Field(2000, ge=1, le=100_000_000, description="heavy lag that triggers degradation")
     recover_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="recovery level as a share of the limits")
     recover_after_s: float = Field(3.0, ge=0.0, le=3600.0, description="calm time before routing back")
-    pinned: tuple[str, ...] = Field((), description="keys the feedback controller must not move")
+    # not strict: JSON has lists, not tuples
+    pinned: tuple[str, ...] = Field((), strict=False, description="keys the feedback controller must not move")
     updated_at: float = 0.0
     updated_by: str = "default"
     reason: str = "initial defaults"
