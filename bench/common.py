@@ -47,6 +47,10 @@ def command() -> str:
     """The command line that is running, as a user would type it."""
     prog = Path(sys.argv[0])
     argv = sys.argv[1:]
+    main_mod = sys.modules.get("__main__")
+    spec = getattr(main_mod, "__spec__", None)
+    if spec is not None and spec.name:  # run as `python -m bench.x`
+        return shlex.join(["python", "-m", spec.name, *argv])
     if prog.suffix == ".py":
         return shlex.join(["python", str(prog.relative_to(ROOT) if prog.is_absolute() and ROOT in prog.parents
                                          else prog), *argv])

@@ -417,7 +417,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                eo=args.end_offsets, pin=args.pin_thresholds, shadow=args.shadow, limit=args.limit)
     summary = Replayer(s).run(source, job=job, rate=args.rate, limit=args.limit, pin_thresholds=args.pin_thresholds,
                               shadow=args.shadow, force=args.force, restart=args.restart,
-                              progress=sys.stderr.isatty())
+                              progress=sys.stderr.isatty(),
+                              max_live_slowdown=None if args.max_live_slowdown <= 0 else args.max_live_slowdown)
     print(summary.line())
     if args.wait and summary.ids:
         results = wait_for_results(s, set(summary.ids), args.wait, args.shadow)
@@ -571,7 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--to", dest="end", help="end time (inclusive)")
     sp.add_argument("--from-offsets", dest="start_offsets", help="start offsets, e.g. 0:120,1:95")
     sp.add_argument("--to-offsets", dest="end_offsets", help="end offsets (exclusive)")
-    sp.add_argument("--rate", type=float, help="messages per second (default: as fast as it goes)")
+    sp.add_argument("--rate", type=float, help="at most this many messages per second")
+    sp.add_argument("--max-live-slowdown", type=float, default=1.15,
+                    help="back off while live p95 is over this multiple of its value before the replay "
+                         "(1.15; 0 turns the guard off)")
     sp.add_argument("--limit", type=int, help="at most N records")
     sp.add_argument("--pin-thresholds", type=int, metavar="VERSION", help="route under this threshold version")
     sp.add_argument("--shadow", action="store_true", help="run light and heavy on every record, answer nobody")

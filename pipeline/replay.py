@@ -285,7 +285,7 @@ class Replayer:
 
     def run(self, source: Source, *, job: str, rate: float | None = None, limit: int | None = None,
             pin_thresholds: int | None = None, shadow: bool = False, force: bool = False, restart: bool = False,
-            progress: bool = False) -> ReplaySummary:
+            progress: bool = False, max_live_slowdown: float | None = 1.15) -> ReplaySummary:
         key = self.state_key(job)
         self.source_name = source.name
         raw_state: dict[bytes, bytes] = {} if restart else self.r.hgetall(key)  # type: ignore[assignment]
@@ -305,6 +305,8 @@ class Replayer:
         if force:
             headers.append(("x-force", b"1"))
         t0 = time.monotonic()
+        guard = LiveGuard(self.r, self.s.redis_prefix, max_live_slowdown, rate) if max_live_slowdown else None
+        pacer = Pacer(rate)
         chunk: list[tuple[Any, bytes]] = []
         bar = _Progress(progress, source)
         done_all = True
@@ -317,8 +319,9 @@ class Replayer:
                 self._send_chunk(chunk, headers, summary, force or shadow, key)
                 bar.advance(len(chunk), summary)
                 chunk = []
-            if rate:
-                _pace(summary.sent + summary.skipped + summary.invalid + len(chunk), rate, t0)
+            if guard is not None:
+                pacer.rate = guard.rate()
+            pacer.wait()
         if chunk:
             self._send_chunk(chunk, headers, summary, force or shadow, key)
             bar.advance(len(chunk), summary)
@@ -370,10 +373,66 @@ class Replayer:
                 headers=error_headers(e.kind, e.reason, "replay", source, -1, offset))
 
 
-def _pace(count: int, rate: float, t0: float) -> None:
-    ahead = count / rate - (time.monotonic() - t0)
-    if ahead > 0:
-        time.sleep(ahead)
+class Pacer:
+    """Spaces records 1/rate apart (None: no limit); the rate may change between records."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._next = time.monotonic()
+
+    def wait(self) -> None:
+        if not self.rate:
+            return
+        now = time.monotonic()
+        if self._next > now:
+            time.sleep(self._next - now)
+        self._next = max(self._next, now - 0.05) + 1.0 / self.rate  # little credit for idle time: no bursts
+
+
+class LiveGuard:
+    """Backs off a replay when live answers get slower: the backfill yields to live traffic.
+
+    The workers' heartbeats carry the p95 of their live answers (replays excluded). The guard takes a
+    baseline per tier before the replay starts, then every `interval_s` halves its rate when any tier's
+    live p95 is over `max_slowdown` times its baseline, and otherwise grows it additively (AIMD, as TCP
+    does with a congested link), never above the operator's `--rate`.
+    """
+
+    def __init__(self, r: redis.Redis, prefix: str, max_slowdown: float, max_rate: float | None,
+                 interval_s: float = 0.5, start_rate: float = 500.0, floor_ms: float = 5.0) -> None:
+        self.r, self.prefix, self.max_slowdown = r, prefix, max_slowdown
+        self.interval_s, self.floor_ms = interval_s, floor_ms
+        self.max_rate = max_rate or 20_000.0
+        self.current = min(start_rate, self.max_rate)
+        self.baseline = self._p95s()
+        self._checked = time.monotonic()
+
+    def _p95s(self) -> dict[str, float]:
+        from pipeline.heartbeats import read_heartbeats
+
+        out: dict[str, float] = {}
+        try:
+            for tier in ("light", "heavy", "multimodal"):
+                beats = [b for b in read_heartbeats(self.r, self.prefix, tier) if b.get("live_p95_ms")]
+                if beats:
+                    out[tier] = max(float(b["live_p95_ms"]) for b in beats)
+        except (redis.RedisError, OSError):
+            pass
+        return out
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        if now - self._checked < self.interval_s:
+            return self.current
+        self._checked = now
+        p95 = self._p95s()
+        slow = any(p95[t] > max(self.baseline.get(t, p95[t]), self.floor_ms) * self.max_slowdown for t in p95
+                   if t in self.baseline)
+        if slow:
+            self.current = max(20.0, self.current / 2)
+        else:
+            self.current = min(self.max_rate, self.current + max(50.0, self.current * 0.1))
+        return self.current
 
 
 class _Progress:

@@ -88,6 +88,7 @@ class Worker:
         self.producer: Producer = make_producer(settings, **extra)
         self.delivery = DeliveryTracker()
         self.latency = LatencyWindow()
+        self.live_latency = LatencyWindow()  # live answers only: what a replay must not slow down
         self.stats = WorkerStats()
         self.lag = 0
         self.ready = False
@@ -108,7 +109,8 @@ class Worker:
             self.producer.init_transactions(30)
 
     def status(self) -> dict[str, Any]:
-        return {"lag": self.lag, "p95_ms": self.latency.p95(), "processed": self.stats.processed,
+        return {"lag": self.lag, "p95_ms": self.latency.p95(), "live_p95_ms": self.live_latency.p95(),
+                "processed": self.stats.processed,
                 "model": self.model.name, "device": self.device, "tier": self.tier.value, "ready": self.ready}
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -257,8 +259,8 @@ class Worker:
             result["answer"] = ""
         produce(self.producer, self.topics.results, orjson.dumps(result), key, on_delivery=self.delivery)
         answered_ms = float(total_ms) if final and not repeat and not escalate else None
-        self._observed.append(("escalated" if escalate else "stage", pred.model, infer_ms,
-                               max(0, dequeued - rr.ingested_ms), answered_ms))
+        kind = "escalated" if escalate else ("replay" if rr.replay else "stage")
+        self._observed.append((kind, pred.model, infer_ms, max(0, dequeued - rr.ingested_ms), answered_ms))
         if escalate:
             up = rr.model_dump(mode="json")
             up.update(tier=Tier.HEAVY.value, route_reason=f"{rr.route_reason}:escalated",
@@ -317,6 +319,8 @@ class Worker:
                 self.stats.escalated += 1
             if answered_ms is not None:
                 self.latency.add(answered_ms)
+                if kind != "replay":
+                    self.live_latency.add(answered_ms)
                 metrics.ANSWERS.labels(tier, model).inc()
                 metrics.END_TO_END_SECONDS.labels(tier, model).observe(answered_ms / 1000.0)
                 self.stats.answered += 1
