@@ -30,7 +30,10 @@ from workers.models.common import FloatArray, resolve_artifacts, softmax, to_pre
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 128  # BANKING77 messages are ~16 tokens; longer customer rants keep their first 128
-CHUNK = 64  # sub-batch size: length-sorted chunks waste less compute on padding than one big batch
+# Length-sorted sub-batches: on a CPU, compute grows with padded tokens, so small homogeneous chunks win
+# (16 measured faster than 32 or 64 for a batch of 32 on 2 cores); a GPU wants one big launch.
+CPU_CHUNK = 16
+GPU_CHUNK = 256
 
 
 def base_model_path() -> Path:
@@ -184,8 +187,9 @@ class EncoderClassifier:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = torch.empty((len(texts), self._model.config.hidden_size), device=self.device)
         with torch.inference_mode():
-            for start in range(0, len(order), CHUNK):
-                idx = order[start : start + CHUNK]
+            chunk = CPU_CHUNK if self.device.type == "cpu" else GPU_CHUNK
+            for start in range(0, len(order), chunk):
+                idx = order[start : start + chunk]
                 enc = self._tokenizer(
                     [texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_TOKENS,
                     return_tensors="pt",
