@@ -184,9 +184,8 @@ def test_a_valid_request_too_big_to_route_is_dead_lettered(settings_factory: Cal
 
 @pytest.mark.parametrize("ts", ['"123"', "true", '"0"'])
 def test_timestamps_are_integers_as_the_schema_says(ts: str) -> None:
-    """Regression (found by this suite): pipeline/contracts.py, ts "123" and true were coerced to integers, so schema-
-    invalid records were answered.
-    """
+    """Regression (found by this suite): pipeline/contracts.py, ts "123" and true were coerced to integers,
+    so records the schema rejects were answered."""
     raw = b'{"id":"a","text":"hello","ts":' + ts.encode() + b"}"
     with pytest.raises(InvalidMessage):
         decode_request(raw, 1 << 20)
