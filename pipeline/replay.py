@@ -399,9 +399,10 @@ class LiveGuard:
     """
 
     def __init__(self, r: redis.Redis, prefix: str, max_slowdown: float, max_rate: float | None,
-                 interval_s: float = 0.5, start_rate: float = 500.0, floor_ms: float = 5.0) -> None:
+                 interval_s: float = 0.5, start_rate: float = 500.0, slack_ms: float = 10.0,
+                 min_rate: float = 100.0) -> None:
         self.r, self.prefix, self.max_slowdown = r, prefix, max_slowdown
-        self.interval_s, self.floor_ms = interval_s, floor_ms
+        self.interval_s, self.slack_ms, self.min_rate = interval_s, slack_ms, min_rate
         self.max_rate = max_rate or 20_000.0
         self.current = min(start_rate, self.max_rate)
         self.baseline = self._p95s()
@@ -426,10 +427,11 @@ class LiveGuard:
             return self.current
         self._checked = now
         p95 = self._p95s()
-        slow = any(p95[t] > max(self.baseline.get(t, p95[t]), self.floor_ms) * self.max_slowdown for t in p95
-                   if t in self.baseline)
+        # slower than both the ratio and a few ms of slack: p95 of a few ms jitters by more than 15%
+        slow = any(p95[t] > max(self.baseline[t] * self.max_slowdown, self.baseline[t] + self.slack_ms)
+                   for t in p95 if t in self.baseline)
         if slow:
-            self.current = max(20.0, self.current / 2)
+            self.current = max(self.min_rate, self.current / 2)
         else:
             self.current = min(self.max_rate, self.current + max(50.0, self.current * 0.1))
         return self.current
