@@ -21,8 +21,7 @@ import numpy.typing as npt
 
 from pipeline.settings import Settings
 from pipeline.topics import Tier
-from workers.model import Item, Prediction
-from workers.models.common import FloatArray, resolve_artifacts, softmax, to_predictions
+from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 IntArray = npt.NDArray[np.int64]
 _WORD = re.compile(r"(?u)\b\w+\b")
@@ -151,7 +150,7 @@ def linear_scores(rows: SparseRows, weight: FloatArray, bias: FloatArray) -> Flo
     return out
 
 
-class CharNgramClassifier:
+class CharNgramClassifier(CalibratedClassifier):
     """Light-tier intent classifier: n-gram features, a linear layer, temperature-scaled softmax."""
 
     name = "charngram-v1"
@@ -215,13 +214,3 @@ class CharNgramClassifier:
     def logits(self, texts: Sequence[str]) -> FloatArray:
         """Raw class scores, one row per text."""
         return linear_scores(self.featurizer.transform(texts), self.weight, self.bias)
-
-    def probabilities(self, texts: Sequence[str]) -> FloatArray:
-        """Calibrated class probabilities, one row per text."""
-        return softmax(self.logits(texts), self.temperature)
-
-    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
-        if not batch:
-            return []
-        probs = self.probabilities([it.text for it in batch])
-        return to_predictions(probs, self.labels, batch, self.name)

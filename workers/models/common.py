@@ -89,3 +89,24 @@ def to_predictions(
         conf = min(1.0, max(0.0, float(row[k])))
         out.append(Prediction(intent=intent, confidence=conf, answer=answer_for(intent, item.lang), model=model))
     return out
+
+
+class CalibratedClassifier:
+    """`probabilities` and `predict` for a classifier that defines `logits`, `labels`, `temperature`, `name`."""
+
+    name: str
+    labels: list[str]
+    temperature: float
+
+    def logits(self, texts: Sequence[str]) -> FloatArray:
+        raise NotImplementedError
+
+    def probabilities(self, texts: Sequence[str]) -> FloatArray:
+        """Calibrated class probabilities, one row per text."""
+        return softmax(self.logits(texts), self.temperature)
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        if not batch:
+            return []
+        probs = self.probabilities([it.text for it in batch])
+        return to_predictions(probs, self.labels, batch, self.name)

@@ -23,9 +23,8 @@ from transformers.utils import logging as hf_logging
 
 from pipeline.settings import Settings
 from pipeline.topics import Tier
-from workers.model import Item, Prediction
 from workers.models.charngram import CharNgramClassifier
-from workers.models.common import FloatArray, resolve_artifacts, softmax, to_predictions
+from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def fuse(encoder: FloatArray, char: FloatArray | None, char_weight: float) -> Fl
     return log_softmax(encoder) + np.float32(char_weight) * log_softmax(char)
 
 
-class EncoderClassifier:
+class EncoderClassifier(CalibratedClassifier):
     """Heavy-tier intent classifier: MiniLM (top layer tuned) -> mean pooling -> linear head."""
 
     name = "minilm-b77-v1"
@@ -210,13 +209,3 @@ class EncoderClassifier:
     def logits(self, texts: Sequence[str]) -> FloatArray:
         """Class scores (log-probability scale) of the transformer, fused with the n-gram model's."""
         return fuse(self.encoder_logits(texts), self.char.logits(texts) if self.char else None, self.char_weight)
-
-    def probabilities(self, texts: Sequence[str]) -> FloatArray:
-        """Calibrated class probabilities, one row per text."""
-        return softmax(self.logits(texts), self.temperature)
-
-    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
-        if not batch:
-            return []
-        probs = self.probabilities([it.text for it in batch])
-        return to_predictions(probs, self.labels, batch, self.name)

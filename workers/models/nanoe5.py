@@ -29,8 +29,7 @@ import numpy as np
 
 from pipeline.settings import Settings
 from pipeline.topics import Tier
-from workers.model import Item, Prediction
-from workers.models.common import FloatArray, resolve_artifacts, softmax, to_predictions
+from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def embed(texts: Sequence[str], threads: int | None = None) -> FloatArray:
     return out
 
 
-class E5Classifier:
+class E5Classifier(CalibratedClassifier):
     """Multilingual intent classifier: e5-small query embedding -> linear head -> temperature-scaled softmax."""
 
     name = "e5-small-b77-v1"
@@ -137,13 +136,3 @@ class E5Classifier:
         """Raw class scores, one row per text."""
         out: FloatArray = embed(texts, self.threads) @ self.weight + self.bias
         return out
-
-    def probabilities(self, texts: Sequence[str]) -> FloatArray:
-        """Calibrated class probabilities, one row per text."""
-        return softmax(self.logits(texts), self.temperature)
-
-    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
-        if not batch:
-            return []
-        probs = self.probabilities([it.text for it in batch])
-        return to_predictions(probs, self.labels, batch, self.name)
