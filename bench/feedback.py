@@ -145,7 +145,10 @@ def main() -> None:
     ap.add_argument("--results", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=2, help="rounds on fresh topics (median reported)")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
+    ap.add_argument("--quick", action="store_true", help="50,000 results, one round")
     args = ap.parse_args()
+    if args.quick:
+        args.results, args.rounds = 50_000, 1
 
     from tests.conftest import free_port
 

@@ -105,7 +105,10 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3, help="alternating bare/ingest rounds (median reported)")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
+    ap.add_argument("--quick", action="store_true", help="50,000 requests, one round")
     args = ap.parse_args()
+    if args.quick:
+        args.messages, args.rounds = 50_000, 1
 
     from tests.conftest import free_port
 
