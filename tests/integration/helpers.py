@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Message
 
-from pipeline.kafka import make_consumer, make_producer
+from pipeline.kafka import make_consumer, make_producer, topics_of
 from pipeline.settings import Settings
 
 
@@ -66,3 +67,40 @@ def wait_ready(settings: Settings, tiers: list[str], timeout: float = 120.0) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(f"workers not ready: {tiers}")
         time.sleep(0.1)
+
+
+TEXTS = ["my card has not arrived", "How do I reset my PIN?", "I want a refund for a purchase I never made, "
+         "the shop charged me twice and will not answer my emails", "我的卡还没有收到"]
+
+
+class Live:
+    """Live traffic at `rate` msg/s in a thread, cycling through `texts`; ids are `{tag}-{n}`."""
+
+    def __init__(self, s: Settings, tag: str, rate: float, texts: list[str] | None = None) -> None:
+        self.s, self.tag, self.rate = s, tag, rate
+        self.texts = texts or TEXTS
+        self.sent: list[str] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Live:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(10)
+
+    def _run(self) -> None:
+        p = make_producer(self.s)
+        topic = topics_of(self.s).requests
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            rid = f"{self.tag}-{len(self.sent)}"
+            p.produce(topic, orjson.dumps({"id": rid, "text": self.texts[len(self.sent) % len(self.texts)]}), key=rid)
+            self.sent.append(rid)
+            p.poll(0)
+            ahead = len(self.sent) / self.rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+        p.flush(10)

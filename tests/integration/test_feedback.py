@@ -277,8 +277,8 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
 
     from pipeline.devstack import Stack
     from pipeline.kafka import topics_of
-    from tests.integration.helpers import drain, reader, values, wait_ready
-    from tests.integration.test_replay import ECHO, Live
+    from tests.integration.helpers import Live, drain, reader, values, wait_ready
+    from tests.integration.test_replay import ECHO
 
     s = settings_factory()
     r = redis.Redis.from_url(s.redis)

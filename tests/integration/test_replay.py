@@ -8,7 +8,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -19,16 +18,14 @@ import orjson
 import pytest
 
 from pipeline.devstack import Stack
-from pipeline.kafka import make_producer, topics_of
+from pipeline.kafka import topics_of
 from pipeline.settings import Settings
-from tests.integration.helpers import drain, produce_all, reader, values, wait_ready
+from tests.integration.helpers import TEXTS, Live, drain, produce_all, reader, values, wait_ready
 
 pytestmark = pytest.mark.integration
 
 ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLOW_MULTIMODAL_MODEL": "echo",
         "TIERFLOW_ZH_MODEL": ""}
-TEXTS = ["my card has not arrived", "How do I reset my PIN?", "I want a refund for a purchase I never made, "
-         "the shop charged me twice and will not answer my emails", "我的卡还没有收到"]
 
 
 @pytest.fixture
@@ -45,38 +42,6 @@ def echo_processes(settings_factory: Callable[..., Settings]) -> Iterator[Settin
         yield s
     finally:
         stack.stop()
-
-
-class Live:
-    """Live traffic at `rate` msg/s in a thread; ids are `{tag}-{n}`."""
-
-    def __init__(self, s: Settings, tag: str, rate: float) -> None:
-        self.s, self.tag, self.rate = s, tag, rate
-        self.sent: list[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Live:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(10)
-
-    def _run(self) -> None:
-        p = make_producer(self.s)
-        topic = topics_of(self.s).requests
-        t0 = time.monotonic()
-        while not self._stop.is_set():
-            rid = f"{self.tag}-{len(self.sent)}"
-            p.produce(topic, orjson.dumps({"id": rid, "text": TEXTS[len(self.sent) % len(TEXTS)]}), key=rid)
-            self.sent.append(rid)
-            p.poll(0)
-            ahead = len(self.sent) / self.rate - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-        p.flush(10)
 
 
 def cli(s: Settings, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:

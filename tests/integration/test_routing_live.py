@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,47 +15,16 @@ import redis
 
 from pipeline.devstack import Stack
 from pipeline.ingest import Ingest
-from pipeline.kafka import make_producer, topics_of
+from pipeline.kafka import topics_of
 from pipeline.settings import Settings
 from pipeline.thresholds import ThresholdStore
 from pipeline.topics import Tier
 from tests.conftest import Running, free_port
-from tests.integration.helpers import drain, reader, values, wait_ready
+from tests.integration.helpers import Live, drain, reader, values, wait_ready
 from workers.models.echo import EchoModel
 from workers.runner import Worker
 
 pytestmark = pytest.mark.integration
-
-
-class Traffic:
-    """A producer thread sending one request every `interval_s` until stopped."""
-
-    def __init__(self, settings: Settings, text: str, interval_s: float = 0.01) -> None:
-        self.s, self.text, self.interval_s = settings, text, interval_s
-        self.sent: list[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Traffic:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(10)
-
-    def _run(self) -> None:
-        p = make_producer(self.s)
-        topic = topics_of(self.s).requests
-        i = 0
-        while not self._stop.is_set():
-            rid = f"live-{i}"
-            p.produce(topic, orjson.dumps({"id": rid, "text": self.text}), key=rid)
-            self.sent.append(rid)
-            p.poll(0)
-            i += 1
-            time.sleep(self.interval_s)
-        p.flush(10)
 
 
 def cli(settings: Settings, *args: str) -> str:
@@ -81,7 +49,7 @@ def test_threshold_change_applies_within_a_second(settings_factory: Callable[...
     answers = reader(s, topics_of(s).answers)
     echo_pipeline(s, running)
     text = "x" * 70  # heavy under the default 50, light under 100
-    with Traffic(s, text) as traffic:
+    with Live(s, "live", 100, texts=[text]) as traffic:
         time.sleep(3.0)
         changed_at = int(time.time() * 1000)
         out = cli(s, "thresholds", "set", "length_threshold", "100", "--reason", "test")
@@ -126,7 +94,7 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
     for t in Tier:
         running.start(Worker(s, t, EchoModel(), r=r))
     wait_ready(s, [t.value for t in Tier])
-    with Traffic(s, "y" * 80) as traffic:
+    with Live(s, "live", 100, texts=["y" * 80]) as traffic:
         time.sleep(2.0)
         stack.stop()  # Redis gone mid-stream
         time.sleep(3.0)
@@ -161,7 +129,7 @@ def test_heavy_outage_degrades_to_light_and_recovers(settings_factory: Callable[
     answers = reader(s, topics_of(s).answers)
     workers = echo_pipeline(s, running, tiers=(Tier.LIGHT,))
     assert workers
-    with Traffic(s, "z" * 80):
+    with Live(s, "live", 100, texts=["z" * 80]):
         time.sleep(3.0)  # no heavy worker: heavy-bound traffic degrades
         heavy = running.start(Worker(s, Tier.HEAVY, EchoModel()))
         time.sleep(6.0)
@@ -187,7 +155,7 @@ def test_injected_latency_degrades_heavy_traffic(settings_factory: Callable[...,
     store.update("test", "tight SLO", heavy_slo_p95_ms=300, recover_after_s=1.0)
     answers = reader(s, topics_of(s).answers)
     echo_pipeline(s, running)
-    with Traffic(s, "w" * 80, interval_s=0.02):
+    with Live(s, "live", 50, texts=["w" * 80]):
         time.sleep(2.0)
         cli(s, "fault", "latency", "--tier", "heavy", "--ms", "400", "--seconds", "4")
         time.sleep(14.0)  # 4 s of fault, then the 5 s latency window drains and the 1 s dwell passes
