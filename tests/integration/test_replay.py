@@ -8,6 +8,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -128,3 +129,40 @@ def test_interrupted_replay_resumes(echo_processes: Settings, tmp_path: Path) ->
     assert set(ids) == {f"file-{i}" for i in range(3000)}
     assert max(ids.values()) == 1
     answers.close()
+
+
+def test_labelled_file_replay_reports_accuracy_per_tier(settings_factory: Callable[..., Settings], tmp_path: Path,
+                                                        packaged_models: dict[Any, Any]) -> None:
+    """A JSONL file with labels: ground truth reaches tierflow.labels and `replay --wait` prints accuracy per tier."""
+    import csv
+
+    from pipeline.ingest import Ingest
+    from pipeline.topics import Tier
+    from workers.runner import Worker
+
+    s = settings_factory()
+    rows = list(csv.DictReader((Path(__file__).parents[2] / "workers/data/banking77/test.csv").open()))[::15]
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("".join(orjson.dumps({"id": f"lab-{i}", "text": r["text"], "label": r["category"]}).decode()
+                            + "\n" for i, r in enumerate(rows)))
+    agents = [Ingest(s), *(Worker(s, t, packaged_models[t]) for t in (Tier.LIGHT, Tier.HEAVY))]
+    threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    try:
+        wait_ready(s, ["light", "heavy"])
+        labels = reader(s, topics_of(s).labels)
+        out = cli(s, "replay", "--file", str(path), "--wait", "120")
+        got = values(drain(labels, lambda ms: len(ms) >= len(rows), timeout=30))
+        labels.close()
+    finally:
+        for a in agents:
+            a.stop()
+        for t in threads:
+            t.join(30)
+    assert f"sent {len(rows)}" in out.stdout and f"labels {len(rows)}" in out.stdout
+    assert {g["request_id"] for g in got} == {f"lab-{i}" for i in range(len(rows))}
+    table = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.split()}
+    assert {"light", "heavy", "all"} <= set(table), out.stdout
+    assert int(table["all"][1]) == len(rows)
+    assert float(table["all"][2].rstrip("%")) > 85.0, out.stdout
