@@ -145,7 +145,7 @@ def test_labelled_file_replay_reports_accuracy_per_tier(settings_factory: Callab
     path = tmp_path / "labelled.jsonl"
     path.write_text("".join(orjson.dumps({"id": f"lab-{i}", "text": r["text"], "label": r["category"]}).decode()
                             + "\n" for i, r in enumerate(rows)))
-    agents = [Ingest(s), *(Worker(s, t, packaged_models[t]) for t in (Tier.LIGHT, Tier.HEAVY))]
+    agents: list[Ingest | Worker] = [Ingest(s), *(Worker(s, t, packaged_models[t]) for t in (Tier.LIGHT, Tier.HEAVY))]
     threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
     for t in threads:
         t.start()
