@@ -22,9 +22,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 from bench.common import write_section
-from bench.pipeline import TEXTS, _free_port, measure, percentiles, start_pipeline
+from bench.pipeline import TEXTS, measure, percentiles, start_pipeline
 from pipeline import features
-from pipeline.devstack import Stack
+from pipeline.devstack import Stack, free_port
 from pipeline.kafka import create_topics, topics_of
 from pipeline.settings import Settings
 from pipeline.topics import Tier
@@ -106,7 +106,7 @@ def main() -> None:
 
     from workers.models.registry import tier_model
 
-    base = Settings(kafka_port=_free_port(), redis_port=_free_port(), data_dir=Path(".tierflow/bench"))
+    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench"))
     light, heavy = tier_model(base, Tier.LIGHT), tier_model(base, Tier.HEAVY)
     light.setup("cpu")
     heavy.setup("cpu")

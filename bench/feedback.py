@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, write_section
-from pipeline.devstack import Stack
+from pipeline.devstack import Stack, free_port
 from pipeline.kafka import create_topics, make_producer, produce, topics_of
 from pipeline.settings import Settings
 from pipeline.stats import AggConfig, Aggregator
@@ -149,8 +149,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.results, args.rounds = 50_000, 1
-
-    from tests.conftest import free_port
 
     base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=".tierflow/bench")
     stack = Stack(base)

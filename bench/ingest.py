@@ -20,7 +20,7 @@ import orjson
 from bench.common import write_section
 from pipeline import features
 from pipeline.contracts import decode_request
-from pipeline.devstack import Stack
+from pipeline.devstack import Stack, free_port
 from pipeline.ingest import Ingest
 from pipeline.kafka import create_topics, make_consumer, make_producer, next_offsets, produce, topics_of
 from pipeline.routing import route
@@ -109,8 +109,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.messages, args.rounds = 50_000, 1
-
-    from tests.conftest import free_port
 
     base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=".tierflow/bench")
     stack = Stack(base)

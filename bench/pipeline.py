@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from bench.common import write_section
-from pipeline.devstack import Stack
+from pipeline.devstack import Stack, free_port
 from pipeline.kafka import create_topics, make_consumer, make_producer, produce, topics_of
 from pipeline.settings import Settings
 
@@ -31,14 +31,6 @@ ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLO
 TEXTS = ["My card has not arrived yet", "How do I reset my PIN?", "Why was I charged a fee for this transfer?",
          "I was charged twice for the same purchase at the supermarket yesterday, please refund one of them",
          "我的卡还没有收到", "What exchange rate do you use for euros?"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def percentiles(xs: list[float]) -> tuple[float, float, float]:
@@ -161,7 +153,7 @@ def main() -> None:
     n_flat = 20_000 if args.quick else 100_000
     fixed_rate, fixed_s = 1000.0, (5 if args.quick else 20)
 
-    base = Settings(kafka_port=_free_port(), redis_port=_free_port(), data_dir=Path(".tierflow/bench"))
+    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench"))
     services = Stack(base)
     services.start_services()
     rows: list[str] = []

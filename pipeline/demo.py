@@ -12,21 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.answers import AnswerReader
-from pipeline.devstack import Stack, port_open, running_stack
+from pipeline.devstack import Stack, free_port, port_open, running_stack
 from pipeline.heartbeats import ready_tiers
 from pipeline.kafka import make_producer, topics_of
 from pipeline.samples import VIP_USER, requests
 from pipeline.settings import Settings
 from pipeline.thresholds import ThresholdStore
 from pipeline.topics import Tier
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, console: Console) -> None:
@@ -50,9 +42,9 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
     console = Console()
     updates: dict[str, Any] = {"data_dir": settings.data_dir / "demo"}
     if settings.embedded_kafka and port_open("127.0.0.1", settings.kafka_port):
-        updates["kafka_port"] = _free_port()  # a `tierflow up` may be running: don't fight over its port
+        updates["kafka_port"] = free_port()  # a `tierflow up` may be running: don't fight over its port
     if settings.embedded_redis and port_open("127.0.0.1", settings.redis_port):
-        updates["redis_port"] = _free_port()
+        updates["redis_port"] = free_port()
     s = settings.model_copy(update=updates)
     started = time.monotonic()
     with running_stack(s) as stack:

@@ -7,7 +7,6 @@ tests at your own services with TIERFLOW_TEST_BOOTSTRAP / TIERFLOW_TEST_REDIS_UR
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,15 +16,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.devstack import Stack
+from pipeline.devstack import Stack, free_port
 from pipeline.kafka import create_topics
 from pipeline.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
