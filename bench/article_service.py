@@ -16,16 +16,13 @@ import http.client
 import json
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
-from bench.common import write_section
+from bench.common import embedded_services, fresh_topics, write_section
 from bench.pipeline import TEXTS, measure, percentiles, start_pipeline
 from pipeline import features
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics, topics_of
+from pipeline.kafka import topics_of
 from pipeline.settings import Settings
 from pipeline.topics import Tier
 from workers.model import InferenceModel, Item
@@ -106,8 +103,8 @@ def main() -> None:
 
     from workers.models.registry import tier_model
 
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench"))
-    light, heavy = tier_model(base, Tier.LIGHT), tier_model(base, Tier.HEAVY)
+    models = Settings()
+    light, heavy = tier_model(models, Tier.LIGHT), tier_model(models, Tier.HEAVY)
     light.setup("cpu")
     heavy.setup("cpu")
     server, port = serve(ArticleService(light, heavy))
@@ -116,12 +113,8 @@ def main() -> None:
     server.shutdown()
     del light, heavy
 
-    services = Stack(base)
-    services.start_services()
-    try:
-        s = base.model_copy(update={"topic_prefix": f"a{uuid.uuid4().hex[:6]}.", "kafka_bootstrap": base.bootstrap,
-                                    "redis_url": base.redis})
-        create_topics(s)
+    with embedded_services() as services:
+        s = fresh_topics(services)
         stack, _ = start_pipeline(s, {}, light_workers=1)
         try:
             t = topics_of(s)
@@ -129,8 +122,6 @@ def main() -> None:
             tf_fixed = measure(s, t.requests, t.answers, int(args.rate * seconds), args.rate, 300)
         finally:
             stack.stop()
-    finally:
-        services.stop()
     a50, a95, a99 = percentiles(art_lat)
     t50, t95, t99 = percentiles(tf_fixed.latencies_ms)
     body = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -9,7 +10,13 @@ import re
 import shlex
 import socket
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+from pipeline.devstack import Stack, free_port
+from pipeline.kafka import create_topics
+from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -68,3 +75,23 @@ def write_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
     found = pattern.search(text)
     text = pattern.sub(lambda _: section + "\n", text) if found else text.rstrip() + "\n\n" + section
     path.write_text(text.rstrip() + "\n")
+
+
+@contextlib.contextmanager
+def embedded_services() -> Iterator[Settings]:
+    """A broker and a Redis of the benchmark's own, on free ports; yields settings that dial them."""
+    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench"))
+    stack = Stack(base)
+    stack.start_services()
+    try:
+        yield base.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+    finally:
+        stack.stop()
+
+
+def fresh_topics(base: Settings) -> Settings:
+    """`base` with new uuid-named topics (created) and Redis keys: each round starts empty."""
+    tag = uuid.uuid4().hex[:6]
+    s = base.model_copy(update={"topic_prefix": f"b{tag}.", "redis_prefix": f"b{tag}:"})
+    create_topics(s)
+    return s

@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,8 @@ import redis
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, write_section
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics, make_producer, produce, topics_of
+from bench.common import ROOT, embedded_services, fresh_topics, write_section
+from pipeline.kafka import make_producer, produce, topics_of
 from pipeline.settings import Settings
 from pipeline.stats import AggConfig, Aggregator
 
@@ -150,23 +148,15 @@ def main() -> None:
     if args.quick:
         args.results, args.rounds = 50_000, 1
 
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=".tierflow/bench")
-    stack = Stack(base)
-    stack.start_services()
     rates: list[float] = []
-    try:
+    with embedded_services() as base:
         msgs = records(args.results)
         us = stats_us(msgs[:50_000])
         for k in range(args.rounds):
-            tag = uuid.uuid4().hex[:6]
-            s = base.model_copy(update={"topic_prefix": f"b{tag}.", "redis_prefix": f"b{tag}:",
-                                        "kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
-            create_topics(s)
+            s = fresh_topics(base)
             fill(s, topics_of(s).results, records(args.results, seed=k))
             rates.append(agent_round(s, args.results, timeout=600))
             print(f"round {k + 1}: {rates[-1]:,.0f} results/s")
-    finally:
-        stack.stop()
     rate = statistics.median(rates)
     load = os.getloadavg()[0]
     body = (

@@ -17,12 +17,11 @@ import uuid
 
 import orjson
 
-from bench.common import write_section
+from bench.common import embedded_services, fresh_topics, write_section
 from pipeline import features
 from pipeline.contracts import decode_request
-from pipeline.devstack import Stack, free_port
 from pipeline.ingest import Ingest
-from pipeline.kafka import create_topics, make_consumer, make_producer, next_offsets, produce, topics_of
+from pipeline.kafka import make_consumer, make_producer, next_offsets, produce, topics_of
 from pipeline.routing import route
 from pipeline.settings import Settings
 
@@ -110,24 +109,17 @@ def main() -> None:
     if args.quick:
         args.messages, args.rounds = 50_000, 1
 
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=".tierflow/bench")
-    stack = Stack(base)
-    stack.start_services()
-    try:
+    with embedded_services() as base:
         msgs = requests(args.messages)
         decide_us, full_us = route_us(msgs[:20_000])
         bare, ing = [], []
         for r in range(args.rounds):
-            s = base.model_copy(update={"topic_prefix": f"b{uuid.uuid4().hex[:6]}.",
-                                        "kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
-            create_topics(s)
+            s = fresh_topics(base)
             t = topics_of(s)
             fill(s, t.requests, msgs)
             bare.append(bare_loop(s, t.requests, t.labels, len(msgs), s.ingest_batch))
             ing.append(ingest_loop(s, len(msgs)))
             print(f"round {r + 1}: bare {bare[-1]:,.0f} msg/s, ingest {ing[-1]:,.0f} msg/s")
-    finally:
-        stack.stop()
     b, i = statistics.median(bare), statistics.median(ing)
     body = (
         f"{args.messages:,} requests (English and Chinese, 30-120 bytes of text), one process each, "

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.common import write_section
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics, make_consumer, make_producer, produce, topics_of
+from bench.common import embedded_services, fresh_topics, write_section
+from pipeline.devstack import Stack
+from pipeline.kafka import make_consumer, make_producer, produce, topics_of
 from pipeline.settings import Settings
 
 ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLOW_MULTIMODAL_MODEL": "echo",
@@ -153,25 +153,16 @@ def main() -> None:
     n_flat = 20_000 if args.quick else 100_000
     fixed_rate, fixed_s = 1000.0, (5 if args.quick else 20)
 
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench"))
-    services = Stack(base)
-    services.start_services()
     rows: list[str] = []
     mem: dict[str, float] = {}
-    try:
-        def fresh() -> Settings:
-            s = base.model_copy(update={"topic_prefix": f"p{uuid.uuid4().hex[:6]}.", "kafka_bootstrap": base.bootstrap,
-                                        "redis_url": base.redis})
-            create_topics(s)
-            return s
-
+    with embedded_services() as base:
         # Bare broker: produce -> consume on one topic at the same load.
-        s = fresh()
+        s = fresh_topics(base)
         bare_flat = measure(s, topics_of(s).labels, topics_of(s).labels, n_flat, None, 120)
         bare_fixed = measure(s, topics_of(s).labels, topics_of(s).labels, int(fixed_rate * fixed_s), fixed_rate, 60)
 
         # The pipeline with the echo model.
-        s = fresh()
+        s = fresh_topics(base)
         stack, pids = start_pipeline(s, ECHO, light_workers=1)
         try:
             echo_flat = measure(s, topics_of(s).requests, topics_of(s).answers, n_flat, None, 300)
@@ -183,7 +174,7 @@ def main() -> None:
             stack.stop()
 
         # The product: packaged models.
-        s = fresh()
+        s = fresh_topics(base)
         stack, pids = start_pipeline(s, {}, light_workers=1)
         real_rate = 100.0
         try:
@@ -193,8 +184,6 @@ def main() -> None:
                 mem[f"models {kind}"] = max(peak_rss_mb(p) for p in ps)
         finally:
             stack.stop()
-    finally:
-        services.stop()
 
     def row(name: str, r: Run, load: str) -> str:
         p50, p95, p99 = percentiles(r.latencies_ms)
