@@ -236,12 +236,19 @@ def fast_request(raw: bytes) -> dict[str, Any] | None:
     rid, text = d.get("id"), d.get("text")
     if type(rid) is not str or not 0 < len(rid) <= 128 or type(text) is not str or not 0 < len(text) <= MAX_TEXT_CHARS:
         return None
-    for key, limit in (("user_id", 128), ("lang", 16), ("label", 128)):
-        v = d.get(key, "")
-        if key in d and (type(v) is not str or not 0 < len(v) <= limit):
+    if len(d) > 2:  # optional fields, unrolled: this runs once per message
+        v = d.get("user_id", "")
+        if type(v) is not str or (not 0 < len(v) <= 128 and "user_id" in d):
             return None
-    if "ts" in d and (type(d["ts"]) is not int or d["ts"] < 0):
-        return None
+        v = d.get("lang", "")
+        if type(v) is not str or (not 0 < len(v) <= 16 and "lang" in d):
+            return None
+        v = d.get("label", "")
+        if type(v) is not str or (not 0 < len(v) <= 128 and "label" in d):
+            return None
+        v = d.get("ts", 0)
+        if type(v) is not int or v < 0:
+            return None
     return d
 
 

@@ -118,8 +118,9 @@ class Ingest:
         # Backfill has its own topic and group, read only with the capacity live traffic leaves free.
         self.replay_consumer = make_consumer(settings, settings.group("ingest-replay"))
         self._pinned: dict[int, Thresholds] = {}
-        self.producer = make_producer(settings)
         self.delivery = DeliveryTracker()
+        # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
+        self.producer = make_producer(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True})
         self.stats = IngestStats()
         self._stop = threading.Event()
         self._sources = [self.topics.requests]
@@ -166,17 +167,8 @@ class Ingest:
         th = self.cache.current
         health = self.monitor.health if self.monitor else HEALTHY
         now_ms = int(time.time() * 1000)
-        routed: Counter[tuple[str, str]] = Counter()
-        good: list[Message] = []
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    metrics.BROKER_ERRORS.labels("ingest", err.name()).inc()
-                    log.warning("ingest: consume error: %s", err)
-                continue
-            good.append(msg)
-            self._route_one(msg, th, health, now_ms, routed)
+        routed: Counter[Route] = Counter()
+        good = self._route_live(msgs, th, health, now_ms, routed)
         replayed = [m for m in backfill if m.error() is None]
         for msg in replayed:
             self._route_replay(msg, health, now_ms, routed)
@@ -195,16 +187,70 @@ class Ingest:
             metrics.REQUESTS_IN.labels("replay").inc(len(replayed))
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
-        for (tier, reason), n in routed.items():
-            metrics.ROUTED.labels(tier, reason).inc(n)
-            if ":degraded_" in reason:
-                metrics.DEGRADED.labels(reason).inc(n)
+        for r, n in routed.items():
+            metrics.ROUTED.labels(r.tier, r.reason).inc(n)
+            if r.degraded:
+                metrics.DEGRADED.labels(r.reason).inc(n)
         metrics.ROUTE_SECONDS.observe(time.perf_counter() - t0)
         metrics.CONSUMER_LAG.labels(self.topics.requests, self.s.group("ingest")).set(lag_of(self.consumer))
         self.stats.consumed += len(good)
         return len(msgs)
 
-    def _route_replay(self, msg: Message, health: TierHealth, now_ms: int, routed: Counter[tuple[str, str]]) -> None:
+    def _route_live(self, msgs: list[Message], th: Thresholds, health: TierHealth, now_ms: int,
+                    routed: Counter[Route]) -> list[Message]:
+        """The hot loop: plain text requests inline, everything rarer through `_route_one`."""
+        errors = 0
+        env = _Envelope(th, now_ms, self._tier_topics)
+        vips, length, fast_ok = self.cache.vips, th.length_threshold, th.shadow_rate <= 0
+        extract, dumps, dests, produce_ = features.extract_fields, orjson.dumps, env.dests, self.producer.produce
+        head, tail = b'{"request":', env.tail
+        for msg in msgs:
+            raw = msg.value()
+            if msg.error() is not None:
+                errors += 1
+                self._consume_error(msg)
+                continue
+            d = fast_request(raw) if raw is not None and fast_ok else None
+            if raw is None or d is None:
+                self._route_one(msg, th, health, now_ms, routed)
+                continue
+            user_id = d.get("user_id")
+            feats = extract(d["text"], d.get("lang"), False, 0, user_id in vips)
+            r = route(feats, length, health)
+            topic, route_json = dests.get(r) or env.dest(r)
+            ts_type, ts = msg.timestamp()
+            value = b"".join((head, raw, b',"features":', dumps(feats), b',"received_ms":',
+                              b"%d," % (ts if ts_type and ts > 0 else (d.get("ts") or now_ms)), route_json, tail))
+            key = msg.key() or (user_id or d["id"]).encode()
+            try:
+                produce_(topic, value, key)
+            except (BufferError, KafkaException):
+                if not self._produce_slow(msg, topic, value, key):
+                    continue
+            routed[r] += 1
+        self.stats.routed += sum(routed.values())
+        return [m for m in msgs if m.error() is None] if errors else msgs
+
+    def _consume_error(self, msg: Message) -> None:
+        err = msg.error()
+        if err is not None and err.code() != KafkaError._PARTITION_EOF:
+            metrics.BROKER_ERRORS.labels("ingest", err.name()).inc()
+            log.warning("ingest: consume error: %s", err)
+
+    def _produce_slow(self, msg: Message, topic: str, value: bytes, key: bytes) -> bool:
+        """produce() when the fast call failed: wait out a full queue; a record too big goes to the DLQ."""
+        try:
+            produce(self.producer, topic, value, key)
+            return True
+        except InvalidMessage:
+            # A valid request whose routed record is too big to produce (an image near the limit).
+            to_dlq(self.producer, self.topics.dlq, msg, "oversize",
+                   f"routed record is {len(value)} bytes, over max_message_bytes {self.s.max_message_bytes}",
+                   "ingest", self.delivery, self.s.max_message_bytes)
+            self.stats.dead += 1
+            return False
+
+    def _route_replay(self, msg: Message, health: TierHealth, now_ms: int, routed: Counter[Route]) -> None:
         """A backfill record: marked replay, optionally under pinned thresholds, optionally shadow-only."""
         h = headers_dict(msg)
         th = self.cache.current
@@ -224,36 +270,30 @@ class Ingest:
         return self._pinned[version]
 
     def _route_one(self, msg: Message, th: Thresholds, health: TierHealth, now_ms: int,
-                   routed: Counter[tuple[str, str]], replay_job: str | None = None, shadow: bool = False,
+                   routed: Counter[Route], replay_job: str | None = None, shadow: bool = False,
                    force: bool = False) -> None:
+        """Any request: images, full validation with a DLQ reason, shadow sampling, backfill."""
         raw = msg.value()
         image_bytes = 0
-        d = fast_request(raw) if raw is not None else None
-        if d is not None:
-            rid, text, user_id, lang, has_image, req_ts = (d["id"], d["text"], d.get("user_id"), d.get("lang"),
-                                                           False, d.get("ts"))
-        else:
-            try:
-                req = decode_request(raw, self.s.max_message_bytes)
-                if req.image is not None:
-                    data = req.image.decode()
-                    check_image(data, req.image.mime)
-                    image_bytes = len(data)
-            except InvalidMessage as e:
-                stage = "ingest" if replay_job is None else "ingest:replay"
-                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, stage, self.delivery,
-                       self.s.max_message_bytes)
-                self.stats.dead += 1
-                return
-            rid, text, user_id, lang, has_image, req_ts = (req.id, req.text or "", req.user_id, req.lang,
-                                                           req.image is not None, req.ts)
-        feats = features.extract_fields(text, lang, has_image, image_bytes, user_id in self.cache.vips)
+        try:
+            req = decode_request(raw, self.s.max_message_bytes)
+            if req.image is not None:
+                data = req.image.decode()
+                check_image(data, req.image.mime)
+                image_bytes = len(data)
+        except InvalidMessage as e:
+            stage = "ingest" if replay_job is None else "ingest:replay"
+            to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, stage, self.delivery,
+                   self.s.max_message_bytes)
+            self.stats.dead += 1
+            return
+        feats = features.extract(req, vip=req.user_id in self.cache.vips, image_bytes=image_bytes)
         r = route(feats, th.length_threshold, health)
         ts_type, ts = msg.timestamp()
-        received = ts if ts_type != 0 and ts > 0 else (req_ts or now_ms)
+        received = ts if ts_type != 0 and ts > 0 else (req.ts or now_ms)
         if replay_job is not None:
             received = now_ms  # a backfill's latency starts when it is replayed, not when first sent
-        key = msg.key() or (user_id or rid).encode()
+        key = msg.key() or (req.user_id or req.id).encode()
         tail = {
             "features": feats,
             "tier": r.tier,  # a str enum: orjson writes its value
@@ -275,26 +315,15 @@ class Ingest:
                        self.s.max_message_bytes)
                 self.stats.dead += 1
                 return
-            routed[(r.tier, "replay")] += 1
+            routed[REPLAY_ROUTES[r.tier]] += 1
             return
         value = _routed(raw, tail)
-        topic = self._tier_topics[r.tier]
-        try:
-            self.producer.produce(topic, value, key, on_delivery=self.delivery)
-        except BufferError:
-            produce(self.producer, topic, value, key, on_delivery=self.delivery)
-        except KafkaException:
-            # A valid request whose routed record is too big to produce (an image near the limit).
-            to_dlq(self.producer, self.topics.dlq, msg, "oversize",
-                   f"routed record is {len(value)} bytes, over max_message_bytes {self.s.max_message_bytes}",
-                   "ingest", self.delivery, self.s.max_message_bytes)
-            self.stats.dead += 1
+        if not self._produce_slow(msg, self._tier_topics[r.tier], value, key):
             return
-        routed[(r.tier, r.reason)] += 1
-        if r.tier is Tier.LIGHT and not r.degraded and th.shadow_rate > 0 and in_sample(rid, th.shadow_rate):
+        routed[r] += 1
+        if r.tier is Tier.LIGHT and not r.degraded and th.shadow_rate > 0 and in_sample(req.id, th.shadow_rate):
             tail.update(shadow=True, tier=Tier.HEAVY.value, route_reason="shadow")
-            produce(self.producer, self.topics.tier(Tier.HEAVY), _routed(raw, tail), key,
-                    on_delivery=self.delivery)
+            produce(self.producer, self.topics.tier(Tier.HEAVY), _routed(raw, tail), key)
             metrics.SHADOWED.inc()
         self.stats.routed += 1
 
@@ -306,10 +335,29 @@ class Ingest:
         if shadow:
             for tier in (Tier.LIGHT, Tier.HEAVY):
                 tail.update(tier=tier, shadow=True, route_reason=f"replay_shadow:{r.reason}")
-                produce(self.producer, self._replay_topics[tier], _routed(raw, tail), key, on_delivery=self.delivery)
+                produce(self.producer, self._replay_topics[tier], _routed(raw, tail), key)
         else:
-            produce(self.producer, self._replay_topics[r.tier], _routed(raw, tail), key, on_delivery=self.delivery)
+            produce(self.producer, self._replay_topics[r.tier], _routed(raw, tail), key)
         self.stats.routed += 1
+
+
+REPLAY_ROUTES = {t: Route(t, "replay") for t in Tier}
+
+
+class _Envelope:
+    """schemas/routed.v1.json for one batch, pre-serialised: only features and received_ms vary per message."""
+
+    def __init__(self, th: Thresholds, now_ms: int, topics: dict[Tier, str]) -> None:
+        self.tail = orjson.dumps({"threshold_version": th.version, "escalate_below": th.escalate_below,
+                                  "ingested_ms": now_ms, "replay": False, "shadow": False})[1:]
+        self.topics = topics
+        # Per route: its topic and its JSON fields. Keyed by the shared Route instance (identity hash).
+        self.dests: dict[Route, tuple[str, bytes]] = {}
+
+    def dest(self, r: Route) -> tuple[str, bytes]:
+        fields = orjson.dumps({"tier": r.tier, "route_reason": r.reason, "degraded": r.degraded})[1:-1] + b","
+        self.dests[r] = (self.topics[r.tier], fields)
+        return self.dests[r]
 
 
 def _routed(raw: bytes | None, tail: dict[str, object]) -> bytes:

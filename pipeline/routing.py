@@ -15,9 +15,13 @@ from typing import Any
 from pipeline.topics import Tier
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Route:
-    """Where a request goes and the rule that sent it there."""
+    """Where a request goes and the rule that sent it there.
+
+    `route()` hands out one shared instance per outcome, so a Route compares and hashes by identity:
+    cheap enough to count per message on the ingest hot path.
+    """
 
     tier: Tier
     reason: str
@@ -35,19 +39,32 @@ class TierHealth:
 HEALTHY = TierHealth()
 
 
+_IMAGE = Route(Tier.MULTIMODAL, "image")
+_SHORT = Route(Tier.LIGHT, "short")
+_HEAVY = {"vip": Route(Tier.HEAVY, "vip"), "length": Route(Tier.HEAVY, "length")}
+_DEGRADED: dict[tuple[str, str], Route] = {}
+
+
 def route(features: dict[str, Any], length_threshold: int, health: TierHealth = HEALTHY) -> Route:
     """Pick the tier for one request. `features` is pipeline.features.extract()'s dict."""
     if features["has_image"]:
-        return Route(Tier.MULTIMODAL, "image")
+        return _IMAGE
     if features["vip"]:
         wanted = "vip"
     elif features["chars"] > length_threshold:
         wanted = "length"
     else:
-        return Route(Tier.LIGHT, "short")
+        return _SHORT
     if not health.heavy_ok:
-        return Route(Tier.LIGHT, f"{wanted}:degraded_{health.reason}", degraded=True)
-    return Route(Tier.HEAVY, wanted)
+        return _degraded(wanted, health.reason)
+    return _HEAVY[wanted]
+
+
+def _degraded(wanted: str, why: str) -> Route:
+    r = _DEGRADED.get((wanted, why))
+    if r is None:
+        r = _DEGRADED[(wanted, why)] = Route(Tier.LIGHT, f"{wanted}:degraded_{why}", degraded=True)
+    return r
 
 
 def should_escalate(confidence: float, escalate_below: float) -> bool:
