@@ -11,14 +11,22 @@ text traffic:
   set to the quantile of the light-confidence distribution that makes the prediction equal the
   target. When the rules alone leave escalation less than `escalation_reserve` of the budget,
   `length_threshold` rises to the length quantile that frees it.
-- Hysteresis: nothing moves while the predicted share is within `deadband` of the target (twice that
-  while a change is under observation); heavy-SLO shedding starts above the SLO and ends only below
-  `slo_recover` of it.
+- Hysteresis: nothing moves while the predicted share is within `deadband` of the target. A move must
+  bring the predicted share closer to its target: with lumpy traffic (a few request lengths) a length
+  step that would overshoot is not taken.
 - Bounded steps: `escalate_below` moves at most `max_escalate_step`, `length_threshold` at most a
   factor `1 + max_length_step` per decision; never outside the Thresholds bounds; pinned keys stay.
-- Latency: while the heavy tier's p95 is over its SLO, traffic moves off heavy (length threshold up,
-  escalation down) one `shed_step` of share per `shed_cooldown_s`; after recovery the length
-  threshold walks back to where it was.
+- Latency: while the heavy tier's windowed p95 is over its SLO (and its workers do not already report
+  it calm: the window remembers a slow spell for a whole window), traffic moves off heavy (length
+  threshold up, escalation down) one `shed_step` of routed share per `shed_cooldown_s`, never more than
+  a further step past that target. The thresholds from before the first shed are kept; once the heavy
+  tier is healthy again, by ingest's own rule (`pipeline.health.calm`: workers' live p95 and lag under
+  `recover_ratio` of their limits for `recover_after_s`), they are restored in one change. The restore
+  waits for evidence (heavy answering in time, typically ingest's own probe) unless the shed left heavy
+  nothing to answer; it is watched like any change (and nothing else moves meanwhile) and rolled back if
+  the tier breaks again, after which no more-heavy move is made for `hold_after_rollback_s` (no
+  flapping). No more-heavy calibration either while the window holds answers that ingest degraded (the
+  heavy tier was unhealthy).
 - Rollback: each change is observed on the answers routed under it (results carry the threshold
   version they were routed with). A change that moved traffic off heavy is rolled back when accuracy
   fell by more than `rollback_accuracy_drop` beyond what it was expected to cost (moved share x the
@@ -40,6 +48,7 @@ from typing import Any, Literal
 
 from annotated_types import Ge, Gt, Le, Lt
 
+from pipeline.health import HealthLimits, Observation, breach, calm
 from pipeline.stats import AfterChange, Distribution, WindowStats
 from pipeline.thresholds import Thresholds
 
@@ -96,8 +105,7 @@ class ControllerConfig:
     min_escalate_delta: float = 0.005
     max_length_step: float = 0.25  # relative
     min_length_delta: int = 2
-    slo_tolerance: float = 0.0  # heavy p95 > slo * (1 + tolerance): shed
-    slo_recover: float = 0.8  # heavy p95 < slo * recover: stop shedding
+    slo_tolerance: float = 0.0  # heavy p95 > slo * (1 + tolerance): shed (recovery: the Thresholds' health knobs)
     shed_step: float = 0.05
     shed_cooldown_s: float = 30.0  # at least a window, so the last shed shows in the p95
     observe_s: float = 60.0  # how long a change is watched for a rollback
@@ -124,6 +132,7 @@ class Change:
     baseline_heavy_p95_ms: float | None
     expected_accuracy_cost: float = 0.0  # accuracy the change was expected to give up (less heavy)
     baseline_labeled: int = 0
+    restore: bool = False  # puts back the thresholds from before a shed
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +140,11 @@ class ControllerState:
     """What the controller remembers between decisions (persisted by the agent)."""
 
     pending: Change | None = None
-    shed_target: float | None = None  # heavy share aimed at while shedding for the SLO
+    shed_target: float | None = None  # routed heavy share aimed at while shedding for the SLO
     shed_at_s: float = 0.0
-    length_home: int | None = None  # length_threshold before shedding raised it
+    home: Mapping[str, float] | None = None  # the knobs before the first shed, until a restore of them holds
+    home_version: int = 0  # the version `home` was read from
+    calm_since: float | None = None  # since when the heavy tier has looked healthy, without a break
     hold_until_s: float = 0.0  # after a rollback, no move in the `blocked` direction until then
     blocked: Direction | None = None
 
@@ -145,8 +156,12 @@ class ControllerState:
         p = d.get("pending")
         pending = Change(**{**p, "values_before": dict(p["values_before"]),
                             "values_after": dict(p["values_after"])}) if p else None
+        home = d.get("home")
+        if home is None and d.get("length_home") is not None:  # a snapshot from before restores existed
+            home = {"length_threshold": d["length_home"]}
         return cls(pending=pending, shed_target=d.get("shed_target"), shed_at_s=float(d.get("shed_at_s", 0.0)),
-                   length_home=d.get("length_home"), hold_until_s=float(d.get("hold_until_s", 0.0)),
+                   home=dict(home) if home is not None else None, home_version=int(d.get("home_version", 0)),
+                   calm_since=d.get("calm_since"), hold_until_s=float(d.get("hold_until_s", 0.0)),
                    blocked=d.get("blocked"))
 
 
@@ -201,10 +216,15 @@ def rule_share(w: WindowStats, length_threshold: float) -> float:
     return w.vip_share + nonvip * (1.0 - w.chars.cdf(length_threshold + 0.5))
 
 
-def predicted_share(w: WindowStats, length_threshold: float, escalate_below: float) -> float:
-    """Heavy share of text answers the thresholds would give on this window's traffic."""
+def routed_share(w: WindowStats, length_threshold: float, escalate_below: float) -> float:
+    """Share of text requests the thresholds route to heavy (by rule or escalation) on this window's traffic."""
     r = rule_share(w, length_threshold)
-    return (1.0 - w.degraded_share) * (r + (1.0 - r) * w.confidence.cdf(escalate_below))
+    return r + (1.0 - r) * w.confidence.cdf(escalate_below)
+
+
+def predicted_share(w: WindowStats, length_threshold: float, escalate_below: float) -> float:
+    """Heavy share of text answers the thresholds would give on this window's traffic (less what is degraded)."""
+    return (1.0 - w.degraded_share) * routed_share(w, length_threshold, escalate_below)
 
 
 def calibrate_escalation(confidence: Distribution, target: float, rule: float) -> tuple[float, float]:
@@ -272,11 +292,34 @@ def _inputs(w: WindowStats, th: Thresholds, now_s: float) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- the heavy tier now
+def heavy_limits(th: Thresholds) -> HealthLimits:
+    """Ingest's health limits of the heavy tier: the controller calls it healthy by the same rule."""
+    return HealthLimits(th.heavy_slo_p95_ms, th.degrade_lag, th.recover_ratio, th.recover_after_s)
+
+
+def _heavy_now(now: Observation | None, window_p95: float | None, lim: HealthLimits) -> tuple[bool, bool, str]:
+    """(calm, answering, what was seen) for the heavy tier at this moment.
+
+    From its workers' heartbeats when given (ingest's signal: live p95 over the last seconds, lag), else
+    from the window's p95, which remembers a slow spell for a whole window. `answering` is evidence: answers
+    of the last seconds. An idle tier looks calm only for want of bad news.
+    """
+    if now is not None:
+        return calm(now, lim), now.p95_ms > 0.0, f"heavy workers' p95 {now.p95_ms:.0f} ms, lag {now.lag}"
+    if window_p95 is None:
+        return True, False, "no heavy answers in the window"
+    return window_p95 <= lim.slo_p95_ms * lim.recover_ratio, True, f"heavy p95 {window_p95:.0f} ms in the window"
+
+
 # --------------------------------------------------------------------------- the decision
-def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float,
-           cfg: ControllerConfig) -> tuple[str, str]:
+def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float, cfg: ControllerConfig,
+           heavy_now: Observation | None) -> tuple[str, str]:
     """('rollback' | 'accept' | 'observe', why) for the change under observation."""
     age = now_s - p.at_s
+    if p.restore and heavy_now is not None and (broke := breach(heavy_now, heavy_limits(th))) is not None:
+        return "rollback", (f"the heavy tier broke again ({broke}: workers' p95 {heavy_now.p95_ms:.0f} ms, "
+                            f"lag {heavy_now.lag}, {heavy_now.workers} workers)")
     if after is not None and after.version == p.version:
         if p.direction == "less_heavy" and not p.shed and after.accuracy is not None \
                 and after.labeled >= cfg.min_check_labeled and p.baseline_accuracy is not None:
@@ -289,7 +332,7 @@ def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float,
                                     f"{p.expected_accuracy_cost:.3f}) + noise {noise:.3f} on {after.labeled} "
                                     "labeled answers")
         limit = th.heavy_slo_p95_ms * (1.0 + cfg.rollback_slo_margin)
-        if p.direction == "more_heavy" and after.heavy_p95_ms is not None \
+        if (p.direction == "more_heavy" or p.restore) and after.heavy_p95_ms is not None \
                 and after.heavy >= cfg.min_check_heavy and after.heavy_p95_ms > limit \
                 and (p.baseline_heavy_p95_ms is None or p.baseline_heavy_p95_ms <= limit):
             return "rollback", (f"heavy p95 {after.heavy_p95_ms:.0f} ms broke the SLO "
@@ -301,68 +344,107 @@ def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float,
 
 def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
            after: AfterChange | None = None, cfg: ControllerConfig | None = None,
-           recent: WindowStats | None = None) -> Decision:
+           recent: WindowStats | None = None, heavy_now: Observation | None = None) -> Decision:
     """The controller's move for this window. Pure: the caller writes `values` and keeps `state`.
 
     `after`: the answers routed under the change being observed. `recent`: the last `observe_s` of the
     window, the accuracy baseline of a new change (the whole window lags behind drifting traffic).
+    `heavy_now`: what the heavy workers' heartbeats say now (the agent reads them), the signal recovery is
+    judged on; without it the window's p95 stands in, and recovery waits for the slow spell to leave it.
     """
     cfg = cfg or ControllerConfig()
     inputs = _inputs(w, th, now_s)
     pinned = set(th.pinned)
     notes: list[str] = []
-
-    # 1. the change under observation: keep, accept or roll back
-    if state.pending is not None:
-        verdict, why = _judge(state.pending, after, th, now_s, cfg)
-        if verdict == "rollback":
-            p = state.pending
-            restore: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
-                                               for k, v in p.values_before.items() if k not in pinned}
-            inputs.update(rolled_back=p.version, rollback_to=p.previous_version,
-                          after_change=asdict(after) if after else None)
-            reason = f"rollback v{p.version} to v{p.previous_version}: {why}"
-            new_state = replace(state, pending=None, hold_until_s=now_s + cfg.hold_after_rollback_s,
-                                blocked=p.direction)
-            return Decision("rollback", reason, inputs, new_state, restore, rollback_to=p.previous_version)
-        if verdict == "accept":
-            state = replace(state, pending=None)
-
-    def hold(why: str) -> Decision:
-        return Decision("hold", why, inputs, state)
-
-    if state.blocked is not None and now_s >= state.hold_until_s:
-        state = replace(state, blocked=None)
-    if w.text_finals < cfg.min_results:
-        return hold(f"{w.text_finals} text answers in the window (< {cfg.min_results})")
-    if w.degraded_share >= 1.0:
-        return hold("all heavy-bound traffic is degraded to light")
-
-    cur_len = th.length_threshold
-    cur_esc = th.escalate_below
     heavy = w.tier("heavy")
     light = w.tier("light")
     p95 = heavy.p95_ms if heavy is not None and heavy.finals >= cfg.min_tier_results else None
     slo = th.heavy_slo_p95_ms
     inputs["heavy_p95_ms"] = _r(p95, 1)
+    if heavy_now is not None:
+        inputs["heavy_workers"] = {"workers": heavy_now.workers, "lag": heavy_now.lag,
+                                   "p95_ms": round(heavy_now.p95_ms, 1)}
 
-    # 2. the heavy SLO: shed traffic off heavy while it is breached, walk back after recovery
+    # 1. the change under observation: keep, accept or roll back
+    if state.pending is not None:
+        verdict, why = _judge(state.pending, after, th, now_s, cfg, heavy_now)
+        p = state.pending
+        if verdict == "rollback":
+            restore: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
+                                               for k, v in p.values_before.items() if k not in pinned}
+            inputs.update(rolled_back=p.version, rollback_to=p.previous_version,
+                          after_change=asdict(after) if after else None)
+            what = "the restore " if p.restore else ""
+            reason = f"rollback {what}v{p.version} to v{p.previous_version}: {why}"
+            # a failed restore keeps `home`: the next recovery restores it again, after the hold
+            new_state = replace(state, pending=None, hold_until_s=now_s + cfg.hold_after_rollback_s,
+                                blocked="more_heavy" if p.restore else p.direction, calm_since=None)
+            return Decision("rollback", reason, inputs, new_state, restore, rollback_to=p.previous_version)
+        if verdict == "accept":
+            state = replace(state, pending=None, home=None if p.restore else state.home)
+
+    lim = heavy_limits(th)
+    calm_now, answering, seen = _heavy_now(heavy_now, p95, lim)
+    since = (now_s if state.calm_since is None else state.calm_since) if calm_now else None
+    state = replace(state, calm_since=since)
+    if state.blocked is not None and now_s >= state.hold_until_s:
+        state = replace(state, blocked=None)
+
+    def hold(why: str) -> Decision:
+        return Decision("hold", why, inputs, state)
+
+    if state.pending is not None and state.pending.restore:
+        return hold(f"the restore v{state.pending.version} is under watch ({seen})")
+
+    # 2. the heavy tier healthy again: the thresholds from before the shed come back in one change
+    cur_len = th.length_threshold
+    cur_esc = th.escalate_below
+    calm_for = now_s - state.calm_since if state.calm_since is not None else -1.0
+    if state.home is not None and calm_for >= th.recover_after_s:
+        back: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
+                                        for k, v in state.home.items() if k not in pinned and getattr(th, k) != v}
+        if not back:
+            state = replace(state, home=None, shed_target=None)
+        elif not answering and routed_share(w, cur_len, cur_esc) > cfg.deadband:
+            # heavy is idle because ingest degraded its traffic: ingest's probe will bring evidence
+            notes.append(f"heavy tier calm but idle ({seen}): restoring v{state.home_version} once it answers")
+        elif state.blocked == "more_heavy":
+            return hold(f"heavy tier healthy again ({seen}), but a more-heavy move was rolled back: "
+                        f"v{state.home_version} restored in {state.hold_until_s - now_s:.0f}s at the earliest")
+        else:
+            return _restore(w, th, replace(state, shed_target=None), now_s, back, inputs, notes,
+                            f"{seen}; under {th.recover_ratio:.0%} of its limits for {calm_for:.1f}s",
+                            heavy_now.p95_ms if heavy_now is not None else p95, recent, cfg)
+
+    if w.text_finals < cfg.min_results:
+        return hold(_join(notes, f"{w.text_finals} text answers in the window (< {cfg.min_results})"))
+    if w.degraded_share >= 1.0:
+        return hold("all heavy-bound traffic is degraded to light")
+
+    # 3. the heavy SLO: shed traffic off heavy while it is breached
     shed = False
     if p95 is not None and p95 > slo * (1.0 + cfg.slo_tolerance):
-        if state.shed_target is None or now_s - state.shed_at_s >= cfg.shed_cooldown_s:
-            base = th.heavy_budget if state.shed_target is None else state.shed_target
-            target_share = max(0.0, min(base, w.heavy_share) - cfg.shed_step)
-            state = replace(state, shed_target=target_share, shed_at_s=now_s,
-                            length_home=state.length_home if state.length_home is not None else cur_len)
+        if calm_now:
+            notes.append(f"heavy p95 {p95:.0f} ms > SLO {slo:.0f} ms in the window, but {seen} now: "
+                         "no more shedding")
+        elif state.shed_target is None or now_s - state.shed_at_s >= cfg.shed_cooldown_s:
+            routed = routed_share(w, cur_len, cur_esc)
+            base = routed if state.shed_target is None else min(state.shed_target, routed)
+            goal_shed = max(0.0, base - cfg.shed_step)
+            first = state.home is None
+            state = replace(state, shed_target=round(goal_shed, 4), shed_at_s=now_s,
+                            home={k: getattr(th, k) for k in KNOBS} if first else state.home,
+                            home_version=th.version if first else state.home_version)
             shed = True
-            notes.append(f"heavy p95 {p95:.0f} ms > SLO {slo:.0f} ms: shedding heavy traffic to "
-                         f"{target_share:.3f} of answers")
-    elif state.shed_target is not None and (p95 is None or p95 < slo * cfg.slo_recover):
-        notes.append(f"heavy p95 {p95 or 0.0:.0f} ms back under {cfg.slo_recover:.0%} of SLO: "
-                     f"returning to the budget {th.heavy_budget:.3f}")
-        state = replace(state, shed_target=None)
-    shedding = state.shed_target is not None
-    target = state.shed_target if state.shed_target is not None else th.heavy_budget
+            notes.append(f"heavy p95 {p95:.0f} ms > SLO {slo:.0f} ms ({seen}): shedding heavy traffic to "
+                         f"{goal_shed:.3f} of text routed heavy")
+    degraded = w.degraded_share
+    if state.shed_target is not None:
+        goal = state.shed_target  # routed share; what heavy answers of it is less by the degraded share
+        target = goal * (1.0 - degraded)
+    else:
+        target = th.heavy_budget
+        goal = min(1.0, target / (1.0 - degraded))  # for the traffic the degraded share leaves controllable
     inputs["target_share"] = round(target, 4)
     if light is not None and light.p95_ms is not None and light.finals >= cfg.min_tier_results \
             and light.p95_ms > th.light_slo_p95_ms:
@@ -370,53 +452,59 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
     if w.accuracy is not None and w.labeled >= cfg.min_check_labeled and w.accuracy < th.min_accuracy:
         notes.append(f"accuracy {w.accuracy:.3f} < min_accuracy {th.min_accuracy:.3f}")
 
-    # 3. calibrate: targets are for the traffic the degraded share leaves controllable
-    goal = min(1.0, target / (1.0 - w.degraded_share))
+    # 4. calibrate
     before = predicted_share(w, cur_len, cur_esc)
     inputs["predicted_share"] = round(before, 4)
     band = cfg.deadband
-    if state.length_home is not None and not shedding and cur_len <= state.length_home:
-        state = replace(state, length_home=None)  # back home after a shed
-    going_home = (state.length_home is not None and not shedding and "length_threshold" not in pinned)
-    if going_home:
-        floor = calibrate_length(w, goal - cfg.escalation_reserve * goal)
-        if floor is not None and floor >= cur_len - cfg.min_length_delta:
-            state = replace(state, length_home=None)  # the budget needs the length where it is
-            going_home = False
-    if abs(before - target) <= band and not shed and not going_home:
+    if abs(before - target) <= band and not shed:
         return hold(_join(notes, f"predicted heavy share {before:.3f} within {band:.3f} of target {target:.3f}"))
 
     lo_len, hi_len = BOUNDS["length_threshold"]
     new_len = float(cur_len)
     if "length_threshold" not in pinned:
         reserve = cfg.escalation_reserve * goal
-        rule = rule_share(w, cur_len)
         wanted: float | None = None
         if shed:
             wanted = cur_len * (1.0 + cfg.max_length_step)
-        elif rule > goal - reserve:
+        elif rule_share(w, cur_len) > goal - reserve:
             wanted = calibrate_length(w, goal - reserve)
-        elif going_home and state.length_home is not None:
-            home = calibrate_length(w, goal - reserve)  # walk back, but not past what the budget allows
-            wanted = max(float(state.length_home), home if home is not None else float(state.length_home))
         if wanted is not None:
             step = _clamp(wanted, cur_len / (1.0 + cfg.max_length_step), cur_len * (1.0 + cfg.max_length_step))
             new_len = _clamp(float(math.ceil(step) if step > cur_len else math.floor(step)), lo_len, hi_len)
             if abs(new_len - cur_len) < cfg.min_length_delta and not (shed and new_len != cur_len):
                 new_len = float(cur_len)
-    new_esc = cur_esc
-    q = None
-    if "escalate_below" not in pinned and w.confidence.count >= cfg.min_confidence:
-        want_esc, q = calibrate_escalation(w.confidence, goal, rule_share(w, new_len))
+
+    def escalation_for(length: float) -> tuple[float, float | None]:
+        """escalate_below (bounded step) that tops the rules at `length` up to the goal, and its quantile."""
+        if "escalate_below" in pinned or w.confidence.count < cfg.min_confidence:
+            return cur_esc, None
+        want_esc, q = calibrate_escalation(w.confidence, goal, rule_share(w, length))
         lo_esc, hi_esc = BOUNDS["escalate_below"]
         step_esc = _clamp(want_esc - cur_esc, -cfg.max_escalate_step, cfg.max_escalate_step)
-        new_esc = _clamp(cur_esc + step_esc, lo_esc, hi_esc)
+        esc = _clamp(cur_esc + step_esc, lo_esc, hi_esc)
         if shed:
-            new_esc = min(new_esc, cur_esc)  # shedding never escalates more
-        if abs(new_esc - cur_esc) < cfg.min_escalate_delta:
-            new_esc = cur_esc
-        new_esc = round(new_esc, 4)
-    elif "escalate_below" not in pinned:
+            esc = min(esc, cur_esc)  # shedding never escalates more
+        if abs(esc - cur_esc) < cfg.min_escalate_delta:
+            esc = cur_esc
+        return round(esc, 4), q
+
+    def closer(length: float, esc: float) -> bool:
+        """Whether the move gets the predicted share nearer its target (a shed: off heavy, at most a step past)."""
+        share = predicted_share(w, length, esc)
+        if shed:
+            return share < before - 1e-4 and share >= target - cfg.shed_step * (1.0 - degraded) - 1e-4
+        return abs(share - target) < abs(before - target) - 1e-4
+
+    new_esc, q = escalation_for(new_len)
+    if new_len != cur_len and not closer(new_len, new_esc):
+        # lumpy lengths: this step moves too much traffic at once; leave the length to a later window
+        notes.append(f"length_threshold {cur_len} -> {int(new_len)} kept: it would move the predicted share "
+                     f"to {predicted_share(w, new_len, new_esc):.3f}")
+        new_len = float(cur_len)
+        new_esc, q = escalation_for(new_len)
+    if new_esc != cur_esc and not closer(new_len, new_esc):
+        new_esc = cur_esc
+    if "escalate_below" not in pinned and w.confidence.count < cfg.min_confidence:
         notes.append(f"{w.confidence.count} light confidences (< {cfg.min_confidence}): escalate_below kept")
 
     values: dict[str, float | int] = {}
@@ -426,20 +514,23 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
         values["escalate_below"] = new_esc
     if not values:
         return hold(_join(notes, f"predicted heavy share {before:.3f} vs target {target:.3f}: "
-                                 "no allowed move (pinned, bounded or no data)"))
+                                 "no allowed move (pinned, bounded, no data or none gets closer)"))
     after_share = predicted_share(w, new_len, new_esc)
     direction = _direction(before, after_share)
     if state.blocked is not None and direction == state.blocked and not shed:
         return hold(_join(notes, f"a {direction.replace('_', '-')} move was rolled back; not again for "
                                  f"{state.hold_until_s - now_s:.0f}s (predicted heavy share {before:.3f} vs "
                                  f"target {target:.3f})"))
+    if direction == "more_heavy" and degraded > band:
+        return hold(_join(notes, f"{degraded:.3f} of answers in the window were degraded (heavy unhealthy): "
+                                 f"no move onto heavy (predicted heavy share {before:.3f} vs target {target:.3f})"))
     cost = 0.0
     if direction == "less_heavy" and heavy is not None and light is not None \
             and heavy.accuracy is not None and light.accuracy is not None:
         cost = (before - after_share) * max(0.0, heavy.accuracy - light.accuracy)
     inputs.update(predicted_after=round(after_share, 4), confidence_quantile=_r(q),
                   rule_share_after=round(rule_share(w, new_len), 4))
-    moves = ", ".join(f"{k} {_fmt(getattr(th, k))} -> {_fmt(v)}" for k, v in values.items())
+    moves = _moves(th, values)
     what = "shed" if shed else "calibrate"
     reason = _join(notes, f"{what}: heavy share {w.heavy_share:.3f} (predicted {before:.3f}) vs target "
                           f"{target:.3f}: {moves} (predicted {after_share:.3f})")
@@ -450,6 +541,29 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
                     baseline_heavy_p95_ms=p95, expected_accuracy_cost=round(cost, 4),
                     baseline_labeled=ref.labeled)
     return Decision("change", reason, inputs, state, values, change=change)
+
+
+def _restore(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
+             values: dict[str, float | int], inputs: dict[str, Any], notes: list[str], seen: str,
+             heavy_p95_ms: float | None, recent: WindowStats | None, cfg: ControllerConfig) -> Decision:
+    """Put back the thresholds from before the shed, as a change watched like any other."""
+    before = predicted_share(w, th.length_threshold, th.escalate_below)
+    after_share = predicted_share(w, values.get("length_threshold", th.length_threshold),
+                                  values.get("escalate_below", th.escalate_below))
+    inputs.update(restore_of=state.home_version, predicted_share=round(before, 4),
+                  predicted_after=round(after_share, 4))
+    reason = _join(notes, f"restore: heavy tier healthy again ({seen}): back to v{state.home_version} from before "
+                          f"the shed: {_moves(th, values)} (predicted heavy share {before:.3f} -> {after_share:.3f})")
+    ref = recent if recent is not None and recent.labeled >= cfg.min_check_labeled else w
+    change = Change(version=0, previous_version=th.version, at_s=now_s,
+                    values_before={k: getattr(th, k) for k in values}, values_after=dict(values),
+                    direction=_direction(before, after_share), shed=False, baseline_accuracy=ref.accuracy,
+                    baseline_heavy_p95_ms=heavy_p95_ms, baseline_labeled=ref.labeled, restore=True)
+    return Decision("change", reason, inputs, state, values, change=change)
+
+
+def _moves(th: Thresholds, values: Mapping[str, float | int]) -> str:
+    return ", ".join(f"{k} {_fmt(getattr(th, k))} -> {_fmt(v)}" for k, v in values.items())
 
 
 def _fmt(v: float | int) -> str:

@@ -51,6 +51,8 @@ from pipeline.controller import (
     score_of,
 )
 from pipeline.errors import InvalidThresholds
+from pipeline.health import Observation
+from pipeline.heartbeats import read_heartbeats
 from pipeline.kafka import check_reachable
 from pipeline.settings import Settings
 from pipeline.stats import AfterChange, AggConfig, Aggregator, WindowStats
@@ -98,6 +100,12 @@ class FeedbackConfig(BaseSettings):
 
 def group_of(settings: Settings, cfg: FeedbackConfig) -> str:
     return cfg.group or f"{settings.topic_prefix.rstrip('.:')}-feedback"
+
+
+def heavy_observation(beats: list[dict[str, Any]]) -> Observation:
+    """The heavy tier now, from its workers' heartbeats: live answers' p95 (a replay's backlog is not the SLO's)."""
+    return Observation(workers=len(beats), lag=sum(int(b.get("lag", 0)) for b in beats),
+                       p95_ms=max((float(b.get("live_p95_ms", b.get("p95_ms", 0.0))) for b in beats), default=0.0))
 
 
 # --------------------------------------------------------------------------- the agent's state and I/O
@@ -223,7 +231,12 @@ class Feedback:
             return TickResult(None, None, str(e))
         self._redis_up()
         self.thresholds = th
-        d = decide(w, th, self.state, now_s, after, self.ctl_cfg, recent)
+        try:
+            heavy_now: Observation | None = heavy_observation(read_heartbeats(self.r, self.s.redis_prefix, "heavy"))
+        except (redis.RedisError, OSError, ValueError) as e:
+            log.warning("feedback: heavy heartbeats unreadable (%s); recovery judged on the window", e)
+            heavy_now = None
+        d = decide(w, th, self.state, now_s, after, self.ctl_cfg, recent, heavy_now)
         if d.action == "hold" or not self.cfg.control:
             return TickResult(d, None)
         try:

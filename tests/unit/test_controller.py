@@ -1,4 +1,5 @@
-"""The controller on simulated traffic: budget tracking under drift, SLO shedding, rollback, bounds, pins, score."""
+"""The controller on simulated traffic: budget tracking under drift, SLO shedding and restore, rollback, bounds,
+pins, score."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pipeline.controller import (
     score,
     score_of,
 )
+from pipeline.health import Observation
 from pipeline.stats import AfterChange, AggConfig, Aggregator, Observed, WindowStats
 from pipeline.thresholds import Thresholds
 
@@ -41,44 +43,52 @@ class Sim:
     rnd: random.Random = field(default_factory=lambda: random.Random(7))
     now_ms: int = T0
     control: bool = True
+    beats: bool = False  # heavy workers' heartbeats: their p95 over the last step (0: idle), as the agent reads them
+    heavy_now: Observation | None = None
     decisions: list[Decision] = field(default_factory=list)
 
     def step(self, n: int, mu: float, a: float, b: float, heavy_ms: float = 300.0, light_acc: float | None = None,
-             vip: float = 0.02) -> float:
-        """n requests: length ~ lognormal(mu, 0.5), light confidence ~ Beta(a, b); returns the heavy share."""
+             vip: float = 0.02, degraded: bool = False, chars: int | None = None) -> float:
+        """n requests: length ~ lognormal(mu, 0.5) (or all `chars` long), light confidence ~ Beta(a, b); returns
+        the heavy share. `degraded`: ingest sends heavy-bound requests to light (the heavy tier is unhealthy)."""
         heavy = 0
         th = self.th
         for i in range(n):
             at = self.now_ms + i * STEP_MS // n
-            chars = max(1, int(self.rnd.lognormvariate(mu, 0.5)))
+            length = chars if chars is not None else max(1, int(self.rnd.lognormvariate(mu, 0.5)))
             is_vip = self.rnd.random() < vip
             conf = self.rnd.betavariate(a, b)
             ok = self.rnd.random() < (conf if light_acc is None else light_acc)
             light_intent = "x" if ok else "y"
             rid = f"{at}-{i}"
-            if is_vip or chars > th.length_threshold:
+            if (is_vip or length > th.length_threshold) and degraded:
+                self._see(rid, "light", conf, True, False, length, is_vip, at, 20.0, light_intent, degraded=True)
+            elif is_vip or length > th.length_threshold:
                 heavy += 1
-                self._see(rid, "heavy", 0.9, True, False, chars, is_vip, at, heavy_ms, "x")
+                self._see(rid, "heavy", 0.9, True, False, length, is_vip, at, heavy_ms, "x")
             elif conf < th.escalate_below:
                 heavy += 1
-                self._see(rid, "light", conf, False, False, chars, is_vip, at, 20.0, light_intent)
-                self._see(rid, "heavy", 0.9, True, True, chars, is_vip, at, heavy_ms, "x")
+                self._see(rid, "light", conf, False, False, length, is_vip, at, 20.0, light_intent)
+                self._see(rid, "heavy", 0.9, True, True, length, is_vip, at, heavy_ms, "x")
             else:
-                self._see(rid, "light", conf, True, False, chars, is_vip, at, 20.0, light_intent)
+                self._see(rid, "light", conf, True, False, length, is_vip, at, 20.0, light_intent)
+        if self.beats:
+            self.heavy_now = Observation(workers=1, lag=0, p95_ms=heavy_ms if heavy else 0.0)
         self.now_ms += STEP_MS
         self.tick()
         return heavy / n
 
     def _see(self, rid: str, tier: str, conf: float, final: bool, esc: bool, chars: int, vip: bool, at: int,
-             total: float, intent: str) -> None:
-        self.agg.observe(Observed(rid, tier, f"{tier}-m", intent, conf, final, False, esc, False, self.th.version,
+             total: float, intent: str, degraded: bool = False) -> None:
+        self.agg.observe(Observed(rid, tier, f"{tier}-m", intent, conf, final, False, esc, degraded, self.th.version,
                                   at, total, 1.0, 5.0, 8, chars, vip, "x"), at)
 
     def tick(self) -> Decision:
         self.agg.expire(self.now_ms)
         w = self.agg.window(self.now_ms)
         recent = self.agg.window(self.now_ms, int(self.cfg.observe_s * 1000))
-        d = decide(w, self.th, self.state, self.now_ms / 1000, self.agg.after_change(), self.cfg, recent)
+        d = decide(w, self.th, self.state, self.now_ms / 1000, self.agg.after_change(), self.cfg, recent,
+                   self.heavy_now)
         self.decisions.append(d)
         if self.control and d.action != "hold":
             self.th = self.th.changed("feedback", d.reason, d.inputs, **d.values)
@@ -145,8 +155,124 @@ def test_heavy_latency_spike_moves_traffic_off_heavy_and_back() -> None:
     assert sum(spike[-4:]) / 4 < sum(calm[-4:]) / 4 - 0.08
     for _ in range(25):
         sim.step(1500, math.log(40), 6, 2)
-    assert sim.th.length_threshold == pytest.approx(home, abs=3)
-    assert sim.state.shed_target is None
+    # without heartbeats, recovery is judged on the window: the restore waits for the spike to leave it
+    restores = [sim.decisions[i] for i in _restores(sim.decisions)]
+    assert len(restores) == 1 and restores[0].inputs["heavy_p95_ms"] < before.heavy_slo_p95_ms
+    assert sim.th.length_threshold == home and abs(sim.th.escalate_below - before.escalate_below) <= 0.05
+    assert sim.state.shed_target is None and sim.state.home is None
+
+
+def _spike(sim: Sim, calm: int = 15, spike: int = 8) -> tuple[Thresholds, int]:
+    """Calm traffic, then heavy answers 2x over the SLO; (the thresholds before, decisions before the spike)."""
+    for _ in range(calm):
+        sim.step(1500, math.log(40), 6, 2)
+    before, n = sim.th, len(sim.decisions)
+    for _ in range(spike):
+        sim.step(1500, math.log(40), 6, 2, heavy_ms=6000)
+    assert any(_shed(d) for d in sim.decisions[n:])
+    return before, n
+
+
+def _shed(d: Decision) -> bool:
+    return d.action == "change" and d.change is not None and d.change.shed
+
+
+def _restores(ds: list[Decision]) -> list[int]:
+    return [i for i, d in enumerate(ds) if d.action == "change" and d.change is not None and d.change.restore]
+
+
+def test_thresholds_come_back_at_once_when_the_heavy_workers_are_calm_again() -> None:
+    sim = Sim(beats=True)
+    before, _ = _spike(sim)
+    after_spike = len(sim.decisions)
+    for _ in range(20):
+        sim.step(1500, math.log(40), 6, 2)
+    ds = sim.decisions[after_spike:]
+    restores = _restores(ds)
+    # calm for recover_after_s (3 s; ticks every 2 s): one change back, while the 10 s window still shows the spike
+    assert restores == [2], [d.reason for d in ds[:4]]
+    restore = ds[2]
+    assert restore.inputs["heavy_p95_ms"] > before.heavy_slo_p95_ms
+    assert restore.values == {k: getattr(before, k) for k in restore.values} and restore.values
+    assert restore.change is not None and restore.change.restore
+    assert f"back to v{before.version}" in restore.reason and "heavy workers' p95 300 ms" in restore.reason
+    # the stale window sheds nothing more, and the restore holds
+    assert not any(_shed(d) for d in ds)
+    assert not any(d.action == "rollback" for d in ds)
+    assert sim.state.home is None and sim.state.shed_target is None
+    assert abs(sum(sim.step(1500, math.log(40), 6, 2) for _ in range(3)) / 3 - before.heavy_budget) < 0.03
+
+
+def test_a_restore_into_a_still_slow_heavy_tier_is_rolled_back_and_waits_out_the_hold() -> None:
+    sim = Sim(beats=True)
+    before, _ = _spike(sim)
+    for _ in range(3):
+        sim.step(1500, math.log(40), 6, 2)
+    restore = sim.decisions[-1]
+    assert _restores([restore]) == [0], restore.reason
+    shed_values = restore.change.values_before if restore.change else {}
+    sim.step(1500, math.log(40), 6, 2, heavy_ms=6000)  # the heavy tier breaks again
+    rb = sim.decisions[-1]
+    assert rb.action == "rollback" and "broke again" in rb.reason and rb.values == dict(shed_values)
+    assert sim.state.blocked == "more_heavy" and sim.state.home is not None
+    n = len(sim.decisions)
+    hold_steps = int(sim.cfg.hold_after_rollback_s * 1000 / STEP_MS)
+    for _ in range(hold_steps + 6):
+        sim.step(1500, math.log(40), 6, 2)
+    ds = sim.decisions[n:]
+    # no second try while the hold lasts (no flapping), then the same thresholds come back
+    assert len(_restores(ds)) == 1 and _restores(ds)[0] >= hold_steps - 1, [d.reason for d in ds]
+    assert any("restored in" in d.reason for d in ds)
+    assert (sim.th.length_threshold, sim.th.escalate_below) == (before.length_threshold, before.escalate_below)
+
+
+def test_an_idle_heavy_tier_is_restored_on_evidence_or_when_nothing_else_probes_it() -> None:
+    sim = Sim(beats=True)
+    before, _ = _spike(sim)
+    # ingest degrades all heavy-bound traffic and nothing escalates: heavy is idle, its heartbeat p95 is 0
+    for _ in range(4):
+        sim.step(1500, math.log(40), 60, 1, vip=0.0, degraded=True)
+    assert not _restores(sim.decisions[-4:]) and "calm but idle" in sim.decisions[-1].reason
+    sim.step(1500, math.log(40), 6, 2)  # ingest's probe: heavy answers, in time
+    assert _restores(sim.decisions[-1:]) == [0], sim.decisions[-1].reason
+    assert (sim.th.length_threshold, sim.th.escalate_below) == (before.length_threshold, before.escalate_below)
+
+    # a shed that left heavy nothing to answer: no probe will come, the restore is the probe
+    idle = Sim(th=Thresholds(version=9, length_threshold=400, escalate_below=0.0), control=False)
+    idle.step(1500, math.log(40), 60, 1, vip=0.0)
+    state = ControllerState(shed_target=0.0, home={"length_threshold": 50, "escalate_below": 0.5}, home_version=7,
+                            calm_since=idle.now_ms / 1000 - 5)
+    d = decide(idle.agg.window(idle.now_ms), idle.th, state, idle.now_ms / 1000,
+               heavy_now=Observation(workers=1, lag=0, p95_ms=0.0))
+    assert _restores([d]) == [0], d.reason
+    assert d.values == {"length_threshold": 50, "escalate_below": 0.5}
+    # ...but not while a heavy worker is missing or behind
+    for now in (Observation(workers=0, lag=0, p95_ms=0.0), Observation(workers=1, lag=5000, p95_ms=0.0)):
+        d = decide(idle.agg.window(idle.now_ms), idle.th, state, idle.now_ms / 1000, heavy_now=now)
+        assert d.action == "hold" and d.state.calm_since is None
+
+
+def test_a_shed_does_not_empty_heavy_in_one_lumpy_step() -> None:
+    # a quarter of the requests are 100 characters long, the rest 20: a length step moves all or none of them
+    sim = Sim(th=Thresholds(length_threshold=90), control=False)
+    sim.step(1200, 0.0, 60, 1, vip=0.0, chars=20)
+    sim.step(400, 0.0, 60, 1, vip=0.0, chars=100, heavy_ms=6000)
+    w = sim.agg.window(sim.now_ms)
+    slow = Observation(workers=1, lag=0, p95_ms=6000.0)
+    d = decide(w, sim.th, ControllerState(), sim.now_ms / 1000, cfg=sim.cfg, heavy_now=slow)
+    assert d.action == "hold" and "90 -> 113 kept" in d.reason, d.reason
+    assert d.state.shed_target is not None and d.state.home == {"length_threshold": 90, "escalate_below": 0.5}
+
+
+def test_no_move_onto_heavy_while_ingest_degrades_it() -> None:
+    sim = Sim()
+    _traffic(sim, 10)
+    n = len(sim.decisions)
+    for _ in range(8):  # heavy unhealthy: its traffic answered by light, the measured heavy share falls
+        sim.step(1500, math.log(30), 6, 2, degraded=True)
+    ds = sim.decisions[n:]
+    assert not any(d.change is not None and d.change.direction == "more_heavy" for d in ds)
+    assert any("degraded (heavy unhealthy)" in d.reason for d in ds), [d.reason for d in ds]
 
 
 def test_light_slo_breach_is_reported_not_acted_on() -> None:
@@ -290,9 +416,14 @@ def test_calibration_is_the_confidence_quantile() -> None:
 
 
 def test_state_round_trips_through_json() -> None:
-    state = ControllerState(pending=replace(_change(3), version=4), shed_target=0.2, shed_at_s=5.0,
-                            length_home=50, hold_until_s=9.0, blocked="less_heavy")
+    state = ControllerState(pending=replace(_change(3), version=4, restore=True), shed_target=0.2, shed_at_s=5.0,
+                            home={"length_threshold": 50, "escalate_below": 0.5}, home_version=3, calm_since=7.5,
+                            hold_until_s=9.0, blocked="less_heavy")
     assert ControllerState.from_json(orjson.loads(orjson.dumps(state.to_json()))) == state
+    # a snapshot written before restores existed: its length to walk back to is the home
+    old = {"pending": None, "shed_target": 0.2, "shed_at_s": 5.0, "length_home": 50, "hold_until_s": 0.0,
+           "blocked": None}
+    assert ControllerState.from_json(old).home == {"length_threshold": 50}
 
 
 # --------------------------------------------------------------------------- the design article's score
