@@ -119,17 +119,21 @@ class LogHistogram:
 
 
 class LinearHistogram:
-    """Fixed-width histogram of values in [0, 1] (confidences): `nbins` bins, interpolated within a bin."""
+    """Fixed-width histogram of values in [0, 1] (confidences): `nbins` bins, interpolated within a bin.
+
+    Exactly 1.0 (models that saturate, the echo model) has a slot of its own past the last bin: spread
+    over [1 - 1/nbins, 1) it would look escalatable to an `escalate_below` just under 1.
+    """
 
     __slots__ = ("count", "counts", "nbins")
 
     def __init__(self, nbins: int = 200) -> None:
         self.nbins = nbins
-        self.counts = [0] * nbins
+        self.counts = [0] * (nbins + 1)
         self.count = 0
 
     def add(self, v: float, n: int = 1) -> None:
-        i = min(self.nbins - 1, max(0, int(v * self.nbins)))
+        i = self.nbins if v >= 1.0 else max(0, int(v * self.nbins))
         self.counts[i] += n
         self.count += n
 
@@ -142,11 +146,11 @@ class LinearHistogram:
         """Share of values below `x` (escalation happens for confidence < escalate_below)."""
         if self.count == 0 or x <= 0.0:
             return 0.0
-        if x >= 1.0:
+        if x > 1.0:
             return 1.0
         pos = x * self.nbins
         i = int(pos)
-        below = sum(self.counts[:i]) + self.counts[i] * (pos - i)
+        below = sum(self.counts[:i]) + (self.counts[i] * (pos - i) if i < self.nbins else 0)
         return below / self.count
 
     def quantile(self, q: float) -> float | None:
@@ -159,7 +163,7 @@ class LinearHistogram:
         seen = 0
         for i, n in enumerate(self.counts):
             if n and seen + n >= rank:
-                return (i + (rank - seen) / n) / self.nbins
+                return min(1.0, (i + (rank - seen) / n) / self.nbins)
             seen += n
         return 1.0
 

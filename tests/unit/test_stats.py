@@ -64,8 +64,20 @@ def test_linear_histogram_cdf_and_quantile_are_inverse() -> None:
         assert t == pytest.approx(q, abs=0.02)
         assert h.cdf(t) == pytest.approx(q, abs=1e-9)
     assert h.cdf(0.0) == 0.0 and h.cdf(1.0) == 1.0
-    h.add(1.0)  # a confidence of exactly 1 lands in the last bin
+    h.add(1.0)  # a confidence of exactly 1
     assert LinearHistogram.from_json(h.to_json()).counts == h.counts
+
+
+def test_full_confidence_is_below_no_threshold() -> None:
+    h = LinearHistogram()
+    h.add(1.0, 300)
+    h.add(0.5, 100)
+    # nothing at 1.0 escalates, however close to 1 escalate_below is (it was spread over the last bin)
+    assert h.cdf(0.9961) == pytest.approx(0.25) and h.cdf(1.0) == pytest.approx(0.25)
+    assert h.quantile(0.9) == 1.0 and h.quantile(0.2) == pytest.approx(0.5, abs=0.005)
+    merged = LinearHistogram.from_json(orjson.loads(orjson.dumps(h.to_json())))
+    merged.merge(h)
+    assert merged.count == 800 and merged.cdf(0.9999) == pytest.approx(0.25)
 
 
 # --------------------------------------------------------------------------- windows
