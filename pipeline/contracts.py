@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, ValidationInfo, model_validator
 
 from pipeline.errors import InvalidMessage
 from pipeline.topics import Tier
@@ -90,12 +90,12 @@ class Features(BaseModel):
     """What the router knows of a request (pipeline/features.py computes it)."""
 
     model_config = _STRICT
-    chars: int
-    tokens: int
+    chars: NonNegativeInt
+    tokens: NonNegativeInt
     script: Script
     lang: str
     has_image: bool
-    image_bytes: int
+    image_bytes: NonNegativeInt
     vip: bool
     question: bool
     complaint: bool
@@ -122,10 +122,10 @@ class RoutedRequest(BaseModel):
     tier: Tier
     route_reason: str
     degraded: bool
-    threshold_version: int
-    escalate_below: float
-    received_ms: int
-    ingested_ms: int
+    threshold_version: NonNegativeInt
+    escalate_below: Annotated[float, Field(ge=0.0, le=1.0)]
+    received_ms: NonNegativeInt
+    ingested_ms: NonNegativeInt
     replay: bool = False
     shadow: bool = False
     escalated_from: EscalatedFrom | None = None
@@ -231,24 +231,72 @@ def fast_request(raw: bytes) -> dict[str, Any] | None:
         d = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if type(d) is not dict or not _FAST_KEYS.issuperset(d):
-        return None
+    return d if type(d) is dict and _plain_request(d) else None
+
+
+def _plain_request(d: dict[str, Any]) -> bool:
+    if not _FAST_KEYS.issuperset(d):
+        return False
     rid, text = d.get("id"), d.get("text")
     if type(rid) is not str or not 0 < len(rid) <= 128 or type(text) is not str or not 0 < len(text) <= MAX_TEXT_CHARS:
-        return None
+        return False
     if len(d) > 2:  # optional fields, unrolled: this runs once per message
         v = d.get("user_id", "")
         if type(v) is not str or (not 0 < len(v) <= 128 and "user_id" in d):
-            return None
+            return False
         v = d.get("lang", "")
         if type(v) is not str or (not 0 < len(v) <= 16 and "lang" in d):
-            return None
+            return False
         v = d.get("label", "")
         if type(v) is not str or (not 0 < len(v) <= 128 and "label" in d):
-            return None
+            return False
         v = d.get("ts", 0)
         if type(v) is not int or v < 0:
+            return False
+    return True
+
+
+# The schema requires replay and shadow (the model defaults them): the fast path accepts only what both accept.
+_ROUTED_REQUIRED = frozenset(k for k, f in RoutedRequest.model_fields.items() if f.is_required()) | {"replay", "shadow"}
+_ROUTED_FAST_KEYS = frozenset(RoutedRequest.model_fields) - {"escalated_from"}
+_FEATURE_TYPES = tuple((k, int if k in ("chars", "tokens", "image_bytes") else bool if f.annotation is bool else str)
+                       for k, f in Features.model_fields.items())
+_FEATURE_KEYS = frozenset(Features.model_fields)
+_SCRIPTS = frozenset(get_args(Script))
+_TIERS = frozenset(t.value for t in Tier)
+
+
+def fast_routed(raw: bytes) -> dict[str, Any] | None:
+    """A routed record (schemas/routed.v1.json) as a dict when it is plainly valid, else None.
+
+    The workers' hot path, as `fast_request` is ingest's: a text-only record as ingest writes it passes
+    (tests/unit/test_contracts.py checks that whatever passes, `RoutedRequest` accepts with the same
+    values); escalations, images and anything odd take `decode_model(RoutedRequest, raw)`.
+    """
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(d) is not dict or not _ROUTED_FAST_KEYS.issuperset(d) or not _ROUTED_REQUIRED.issubset(d):
+        return None
+    req, f = d["request"], d["features"]
+    if type(req) is not dict or not _plain_request(req) or type(f) is not dict or f.keys() != _FEATURE_KEYS:
+        return None
+    for k, t in _FEATURE_TYPES:
+        if type(f[k]) is not t:
             return None
+    if (f["script"] not in _SCRIPTS or f["chars"] < 0 or f["tokens"] < 0 or f["image_bytes"] < 0
+            or d["tier"] not in _TIERS or type(d["route_reason"]) is not str or type(d["degraded"]) is not bool):
+        return None
+    v, e, r, i = d["threshold_version"], d["escalate_below"], d["received_ms"], d["ingested_ms"]
+    if (type(v) is not int or v < 0 or type(e) is not float or not 0.0 <= e <= 1.0 or type(r) is not int or r < 0
+            or type(i) is not int or i < 0):
+        return None
+    if type(d["replay"]) is not bool or type(d["shadow"]) is not bool:
+        return None
+    if len(d) > len(_ROUTED_REQUIRED) and (type(d.get("replay_force", False)) is not bool
+                                           or type(d.get("replay_job", "")) is not str):
+        return None
     return d
 
 

@@ -61,6 +61,11 @@ class LatencyWindow:
     def add(self, ms: float) -> None:
         self._items.append((time.monotonic(), ms))
 
+    def extend(self, ms: list[float]) -> None:
+        """A batch's latencies, one clock read for all."""
+        now = time.monotonic()
+        self._items.extend((now, x) for x in ms)
+
     def p95(self) -> float:
         cutoff = time.monotonic() - self.horizon_s
         recent = sorted(ms for t, ms in list(self._items) if t >= cutoff)

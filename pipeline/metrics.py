@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from bisect import bisect_left
+from collections.abc import Sequence
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
@@ -67,3 +69,25 @@ def serve(port: int | None) -> None:
     else:
         start_http_server(port, registry=REGISTRY)
     log.info("metrics on :%d/metrics", port)
+
+
+def observe_many(h: Histogram, values: Sequence[float]) -> None:
+    """`h.observe(v)` for each of `values`, with one increment per bucket touched instead of one per value.
+
+    A worker observes three histograms per message; at tens of thousands of messages a second the
+    per-value path (a Python loop over the buckets, a lock per increment) costs more than the message.
+    Uses prometheus-client's histogram internals (stable since 0.4; tests/unit/test_observe_many.py
+    checks the result against observe()); falls back to observe() if they ever change.
+    """
+    bounds, buckets, total = getattr(h, "_upper_bounds", None), getattr(h, "_buckets", None), getattr(h, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for v in values:
+            h.observe(v)
+        return
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect_left(bounds, v)  # first bucket with v <= bound, as observe() picks it
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, n in counts.items():
+        buckets[i].inc(n)

@@ -20,7 +20,7 @@ import redis
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from pipeline import metrics
-from pipeline.contracts import RoutedRequest, decode_model
+from pipeline.contracts import RoutedRequest, decode_model, fast_routed
 from pipeline.dlq import to_dlq
 from pipeline.errors import InvalidMessage
 from pipeline.heartbeats import Heartbeat, LatencyWindow
@@ -85,8 +85,10 @@ class Worker:
         self.answered_key = f"{settings.redis_prefix}replay:answered"
         self.transactional = settings.exactly_once
         extra = {"transactional.id": f"tierflow-{self.worker_id}"} if self.transactional else {}
-        self.producer: Producer = make_producer(settings, **extra)
         self.delivery = DeliveryTracker()
+        # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
+        self.producer: Producer = make_producer(settings, on_delivery=self.delivery,
+                                                **{"delivery.report.only.error": True}, **extra)
         self.latency = LatencyWindow()
         self.live_latency = LatencyWindow()  # live answers only: what a replay must not slow down
         self.stats = WorkerStats()
@@ -144,12 +146,18 @@ class Worker:
         if self.transactional:
             self.producer.begin_transaction()
         dequeued = _now_ms()
-        routed: list[tuple[Message, RoutedRequest, Item]] = []
+        routed: list[tuple[Message, dict[str, Any], Item]] = []
         for msg in msgs:
-            try:
-                rr = decode_model(RoutedRequest, msg.value())
+            raw = msg.value()
+            d = fast_routed(raw) if raw is not None else None
+            if d is not None:
+                routed.append((msg, d, Item(d["request"]["text"], d["features"]["lang"], None)))
+                continue
+            try:  # escalations, images, anything unusual: the full model, then the same plain dict
+                rr = decode_model(RoutedRequest, raw)
                 image = rr.request.image.decode() if rr.request.image is not None else None
-                routed.append((msg, rr, Item(rr.request.text or "", rr.features.lang, image)))
+                d = rr.model_dump(mode="json", exclude_none=True)
+                routed.append((msg, d, Item(rr.request.text or "", rr.features.lang, image)))
             except InvalidMessage as e:
                 self._dead(msg, e.kind, e.reason)
         t0 = time.perf_counter()
@@ -161,18 +169,19 @@ class Worker:
         per_item_ms = infer_ms / max(1, len(routed))
         inferred = _now_ms()
         self._observed = []
-        fresh = self._first_replay_answers([rr for _, rr, _ in routed])
-        for (msg, rr, _), pred in zip(routed, preds, strict=True):
+        fresh = self._first_replay_answers([d for _, d, _ in routed])
+        for (msg, d, _), pred in zip(routed, preds, strict=True):
             if pred is not None:
-                self._emit(msg, rr, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
+                self._emit(msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
         return self._finish(live, backfill)
 
-    def _first_replay_answers(self, batch: list[RoutedRequest]) -> set[str] | None:
+    def _first_replay_answers(self, batch: list[dict[str, Any]]) -> set[str] | None:
         """Replayed ids that have not been answered by a replay before (None: Redis unavailable, answer all).
 
         Replaying the same range twice must not answer a request twice; `--force` overrides.
         """
-        ids = [rr.request.id for rr in batch if rr.replay and not rr.shadow and not rr.replay_force]
+        ids = [d["request"]["id"] for d in batch
+               if d.get("replay") and not d.get("shadow") and not d.get("replay_force")]
         if not ids:
             return set()
         try:
@@ -185,7 +194,7 @@ class Worker:
             return None
         return {rid for rid, n in zip(ids, added, strict=True) if n}
 
-    def _predict(self, routed: list[tuple[Message, RoutedRequest, Item]]) -> list[Prediction | None]:
+    def _predict(self, routed: list[tuple[Message, dict[str, Any], Item]]) -> list[Prediction | None]:
         """Predict the batch; on failure retry item by item and dead-letter what still fails."""
         if not routed:
             return []
@@ -206,75 +215,78 @@ class Worker:
                 out.append(None)
         return out
 
-    def _emit(self, msg: Message, rr: RoutedRequest, pred: Prediction, infer_ms: float, batch: int,
+    def _emit(self, msg: Message, d: dict[str, Any], pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
-        req = rr.request
-        key = msg.key()
-        esc = rr.escalated_from
-        escalate = (self.tier is Tier.LIGHT and not rr.shadow and esc is None and not rr.degraded
-                    and should_escalate(pred.confidence, rr.escalate_below))
-        final = not escalate and not rr.shadow
+        """One record's outputs: its result (always), then its answer or its escalation to heavy.
+
+        `d` is a routed record as a plain dict (schemas/routed.v1.json, absent optionals omitted).
+        """
+        req = d["request"]
+        rid, key = req["id"], msg.key()
+        esc = d.get("escalated_from")
+        replay, shadow, degraded = d.get("replay", False), d.get("shadow", False), d["degraded"]
+        escalate = (self.tier is Tier.LIGHT and not shadow and esc is None and not degraded
+                    and should_escalate(pred.confidence, d["escalate_below"]))
+        final = not escalate and not shadow
         # A replayed request answered by an earlier replay gets a result, not a second answer.
-        repeat = (rr.replay and final and not rr.replay_force and fresh_replays is not None
-                  and rr.request.id not in fresh_replays)
+        repeat = (replay and final and not d.get("replay_force", False) and fresh_replays is not None
+                  and rid not in fresh_replays)
         produced = _now_ms()
-        total_ms = max(0, produced - rr.received_ms)
+        received, ingested = d["received_ms"], d["ingested_ms"]
+        total_ms = max(0, produced - received)
         answer = {
-            "request_id": req.id,
-            "user_id": req.user_id,
-            "answer": pred.answer,
+            "request_id": rid,
+            "user_id": req.get("user_id"),
+            "answer": "" if escalate else pred.answer,
             "intent": pred.intent,
             "confidence": min(1.0, max(0.0, float(pred.confidence))),
             "tier": self.tier.value,
             "model": pred.model,
             "escalated": esc is not None,
-            "degraded": rr.degraded,
-            "route_reason": rr.route_reason,
+            "degraded": degraded,
+            "route_reason": d["route_reason"],
             "timings_ms": {
-                "ingest": max(0, rr.ingested_ms - rr.received_ms),
-                "queue": max(0, dequeued - rr.ingested_ms),
-                "inference": round(infer_ms + (esc.inference_ms if esc else 0.0), 3),
+                "ingest": max(0, ingested - received),
+                "queue": max(0, dequeued - ingested),
+                "inference": round(infer_ms + (esc["inference_ms"] if esc else 0.0), 3),
                 "total": total_ms,
             },
-            "replay": rr.replay,
-            "threshold_version": rr.threshold_version,
-            "lang": rr.features.lang,
+            "replay": replay,
+            "threshold_version": d["threshold_version"],
+            "lang": d["features"]["lang"],
             "answered_at": produced,
         }
-        result = dict(answer)
-        result.update(
-            final=final,
-            stage=self.tier.value,
-            shadow=rr.shadow,
-            features=rr.features.model_dump(),
-            timestamps={"received": rr.received_ms, "ingested": rr.ingested_ms, "dequeued": dequeued,
-                        "inferred": inferred, "produced": produced},
-            batch_size=batch,
-            worker_id=self.worker_id,
-            label=req.label,
-            light_intent=esc.intent if esc else None,
-            light_confidence=esc.confidence if esc else None,
-        )
-        if escalate:
-            result["answer"] = ""
-        produce(self.producer, self.topics.results, orjson.dumps(result), key, on_delivery=self.delivery)
+        answer_json = orjson.dumps(answer)
+        # The result is the answer plus the stage's details: extend the serialised answer, don't rebuild it.
+        details = orjson.dumps({
+            "final": final,
+            "stage": self.tier.value,
+            "shadow": shadow,
+            "features": d["features"],
+            "timestamps": {"received": received, "ingested": ingested, "dequeued": dequeued,
+                           "inferred": inferred, "produced": produced},
+            "batch_size": batch,
+            "worker_id": self.worker_id,
+            "label": req.get("label"),
+            "light_intent": esc["intent"] if esc else None,
+            "light_confidence": esc["confidence"] if esc else None,
+        })
+        produce(self.producer, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
         answered_ms = float(total_ms) if final and not repeat and not escalate else None
-        kind = "escalated" if escalate else ("replay" if rr.replay else "stage")
-        self._observed.append((kind, pred.model, infer_ms, max(0, dequeued - rr.ingested_ms), answered_ms))
+        kind = "escalated" if escalate else ("replay" if replay else "stage")
+        self._observed.append((kind, pred.model, infer_ms, max(0, dequeued - ingested), answered_ms))
         if escalate:
-            up = rr.model_dump(mode="json")
-            up.update(tier=Tier.HEAVY.value, route_reason=f"{rr.route_reason}:escalated",
-                      escalated_from={"tier": self.tier.value, "intent": pred.intent,
-                                      "confidence": float(pred.confidence), "model": pred.model,
-                                      "inference_ms": round(infer_ms, 3)})
-            heavy_topic = self.topics.replay_tier(Tier.HEAVY) if rr.replay else self.topics.tier(Tier.HEAVY)
+            up = {**d, "tier": Tier.HEAVY.value, "route_reason": f"{d['route_reason']}:escalated",
+                  "escalated_from": {"tier": self.tier.value, "intent": pred.intent,
+                                     "confidence": float(pred.confidence), "model": pred.model,
+                                     "inference_ms": round(infer_ms, 3)}}
+            heavy_topic = self.topics.replay_tier(Tier.HEAVY) if replay else self.topics.tier(Tier.HEAVY)
             try:
-                produce(self.producer, heavy_topic, orjson.dumps(up), key, on_delivery=self.delivery)
+                produce(self.producer, heavy_topic, orjson.dumps(up), key)
             except InvalidMessage as e:  # too big to forward (an image near the limit): dead-letter, say why
                 self._dead(msg, e.kind, f"escalation to heavy failed: {e.reason}")
-
         elif final and not repeat:
-            produce(self.producer, self.topics.answers, orjson.dumps(answer), key, on_delivery=self.delivery)
+            produce(self.producer, self.topics.answers, answer_json, key)
 
     def _dead(self, msg: Message, kind: str, reason: str) -> None:
         to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery,
@@ -307,23 +319,40 @@ class Worker:
         return len(live) + len(backfill)
 
     def _count(self, batch: int) -> None:
-        """Metrics and stats for a batch whose outputs the broker accepted (a rewound batch counts once)."""
+        """Metrics and stats for a batch whose outputs the broker accepted (a rewound batch counts once).
+
+        Grouped per model and observed once per batch: per-message labels()/observe() calls would cost
+        more than the echo pipeline's whole per-message budget.
+        """
         tier = self.tier.value
         metrics.BATCH_SIZE.labels(tier).observe(batch)
+        infer: dict[str, list[float]] = {}
+        e2e: dict[str, list[float]] = {}
+        escalated: dict[str, int] = {}
+        queue, answered, live = [], [], []
         for kind, model, infer_ms, queue_ms, answered_ms in self._observed:
-            self.stats.processed += 1
-            metrics.INFERENCE_SECONDS.labels(tier, model).observe(infer_ms / 1000.0)
-            metrics.QUEUE_SECONDS.labels(tier).observe(queue_ms / 1000.0)
+            infer.setdefault(model, []).append(infer_ms / 1000.0)
+            queue.append(queue_ms / 1000.0)
             if kind == "escalated":
-                metrics.ESCALATED.labels(model).inc()
-                self.stats.escalated += 1
+                escalated[model] = escalated.get(model, 0) + 1
             if answered_ms is not None:
-                self.latency.add(answered_ms)
+                answered.append(answered_ms)
                 if kind != "replay":
-                    self.live_latency.add(answered_ms)
-                metrics.ANSWERS.labels(tier, model).inc()
-                metrics.END_TO_END_SECONDS.labels(tier, model).observe(answered_ms / 1000.0)
-                self.stats.answered += 1
+                    live.append(answered_ms)
+                e2e.setdefault(model, []).append(answered_ms / 1000.0)
+        for model, xs in infer.items():
+            metrics.observe_many(metrics.INFERENCE_SECONDS.labels(tier, model), xs)
+        metrics.observe_many(metrics.QUEUE_SECONDS.labels(tier), queue)
+        for model, xs in e2e.items():
+            metrics.observe_many(metrics.END_TO_END_SECONDS.labels(tier, model), xs)
+            metrics.ANSWERS.labels(tier, model).inc(len(xs))
+        for model, n in escalated.items():
+            metrics.ESCALATED.labels(model).inc(n)
+        self.latency.extend(answered)
+        self.live_latency.extend(live)
+        self.stats.processed += len(self._observed)
+        self.stats.escalated += sum(escalated.values())
+        self.stats.answered += len(answered)
         self._observed = []
 
 

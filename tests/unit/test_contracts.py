@@ -11,7 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schemas
-from pipeline.contracts import Answer, Label, Request, Result, RoutedRequest, decode_request, fast_request
+from pipeline.contracts import (
+    Answer,
+    Label,
+    Request,
+    Result,
+    RoutedRequest,
+    decode_request,
+    fast_request,
+    fast_routed,
+)
 from pipeline.errors import InvalidMessage
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nxxxx").decode()
@@ -114,3 +123,47 @@ def test_errors_are_classified() -> None:
     with pytest.raises(InvalidMessage) as e:
         decode_request(None, 100)
     assert e.value.kind == "schema"
+
+
+ROUTED = {
+    "request": {"id": "r1", "text": "How do I reset my PIN?", "user_id": "u1", "ts": 5},
+    "features": {"chars": 22, "tokens": 7, "script": "en", "lang": "en", "has_image": False, "image_bytes": 0,
+                 "vip": False, "question": True, "complaint": False, "urgent": False},
+    "tier": "light", "route_reason": "short", "degraded": False, "threshold_version": 1, "escalate_below": 0.5,
+    "received_ms": 1, "ingested_ms": 2, "replay": False, "shadow": False,
+}
+routed_mutations = st.fixed_dictionaries({}, optional={
+    "request": st.one_of(st.just({"id": "r"}), st.just({"id": "r", "text": "t", "x": 1}), st.just([]),
+                         st.just({"id": "r", "text": "t", "ts": True})),
+    "features": st.one_of(st.just({}), st.just({**ROUTED["features"], "chars": "22"}),
+                          st.just({**ROUTED["features"], "script": "fr"}),
+                          st.just({**ROUTED["features"], "vip": 0})),
+    "tier": st.sampled_from(["light", "heavy", "gpu", 1]),
+    "route_reason": st.one_of(st.text(max_size=2), st.integers()),
+    "degraded": st.one_of(st.booleans(), st.integers(0, 1), st.none()),
+    "threshold_version": st.one_of(st.integers(-1, 2), st.floats(0, 2), st.booleans()),
+    "escalate_below": st.one_of(st.floats(-1, 2, allow_nan=False), st.integers(0, 1), st.text(max_size=1)),
+    "received_ms": st.one_of(st.integers(-1, 2), st.text(max_size=1)),
+    "replay": st.one_of(st.booleans(), st.integers(0, 1)),
+    "replay_job": st.one_of(st.text(max_size=2), st.integers()),
+    "escalated_from": st.just({"tier": "light", "intent": "x", "confidence": 0.1, "model": "m",
+                               "inference_ms": 1.0}),
+    "extra": st.integers(),
+}, )
+
+
+@settings(max_examples=300, deadline=None)
+@given(routed_mutations, st.sets(st.sampled_from(sorted(ROUTED)), max_size=2))
+def test_fast_routed_accepts_only_what_the_model_accepts(changes: dict[str, Any], dropped: set[str]) -> None:
+    obj = {k: v for k, v in {**ROUTED, **changes}.items() if k not in dropped}
+    raw = json.dumps(obj).encode()
+    fast = fast_routed(raw)
+    if fast is not None:  # the workers' fast path: the model agrees, value for value
+        model = RoutedRequest.model_validate_json(raw).model_dump(mode="json", exclude_none=True)
+        assert {**{k: v for k, v in model.items() if k not in fast}, **fast} == model
+        assert schema_ok("routed", obj)
+
+
+def test_fast_routed_takes_what_ingest_writes() -> None:
+    assert fast_routed(json.dumps(ROUTED).encode()) == ROUTED
+    assert fast_routed(b"{") is None
