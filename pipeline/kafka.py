@@ -62,6 +62,7 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
         "message.max.bytes": settings.max_message_bytes,
         "queue.buffering.max.messages": 1_000_000,
         "batch.num.messages": 10_000,
+        "compression.type": settings.kafka_compression,
     })
     conf.update(overrides)
     return Producer(conf)

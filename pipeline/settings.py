@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     kafka_ssl_key_location: str | None = None
     kafka_ssl_key_password: SecretStr | None = None
     kafka_extra: dict[str, str] = Field(default_factory=dict, description="extra librdkafka keys (JSON)")
+    kafka_compression: Literal["lz4", "zstd", "snappy", "gzip", "none"] = Field(
+        "lz4", description="producer compression; lz4 halves the broker's work per record. A consumer of the "
+                           "answers topic must support it (\"none\" for one that cannot)")
 
     # --- topics ---
     topic_prefix: str = "tierflow."
