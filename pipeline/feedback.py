@@ -16,7 +16,8 @@ not committed meanwhile) and resume when Redis answers again; a snapshot that co
 start is merged in once it can.
 
 Run one feedback agent per pipeline (`tierflow feedback`): it is the single writer of the controller's
-thresholds. Knobs are `TIERFLOW_FEEDBACK_*` variables (see `FeedbackConfig`).
+thresholds. Its knobs are the `feedback_*` fields of `pipeline.settings.Settings` (`TIERFLOW_FEEDBACK_*`),
+seen here as `FeedbackConfig`.
 """
 
 from __future__ import annotations
@@ -29,15 +30,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import faust
 import orjson
 import redis
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline import metrics
 from pipeline.controller import (
@@ -64,28 +63,39 @@ log = logging.getLogger("pipeline.feedback")  # also when run as __main__
 WHO = "feedback"
 
 
-class FeedbackConfig(BaseSettings):
-    """Knobs of the feedback agent, `TIERFLOW_FEEDBACK_<FIELD>` in the environment."""
+def _default(knob: str) -> Any:
+    return Settings.model_fields[f"feedback_{knob}"].default
 
-    model_config = SettingsConfigDict(env_prefix="TIERFLOW_FEEDBACK_", extra="ignore")
 
-    window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
-    hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
-    interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")
-    take_max: int = Field(2000, ge=1, description="records per processed batch")
-    take_within_s: float = Field(0.2, gt=0, description="longest wait to fill a batch")
-    label_ttl_s: float = Field(300.0, gt=0, description="how long a label or a result waits for its partner")
-    shadow_ttl_s: float = Field(60.0, gt=0)
-    max_pending: int = Field(20_000, ge=1, description="entries per join kept at most")
-    last_n: int = Field(500, ge=1, description="results per model behind its score")
-    alpha: float = Field(0.5, ge=0.0, le=1.0, description="score weight of latency vs accuracy")
-    min_score_outcomes: int = Field(20, ge=1, description="label/shadow outcomes before a model is scored")
-    min_results: int = Field(200, ge=1, description="text answers in the window before the controller acts")
-    deadband: float = Field(0.01, ge=0.0, le=0.5)
-    observe_s: float | None = Field(None, gt=0, description="rollback watch per change; unset: 2 windows")
-    control: bool = Field(True, description="false: measure and publish metrics, never write thresholds")
-    group: str | None = Field(None, description="consumer group / faust app id; unset: <topic prefix>feedback")
-    fetch_wait_ms: int = Field(25, ge=0, description="broker fetch wait (tansu needs it short)")
+@dataclass(frozen=True, slots=True)
+class FeedbackConfig:
+    """The agent's knobs: the `feedback_*` fields of Settings (`TIERFLOW_FEEDBACK_*`), prefix dropped.
+
+    `FeedbackConfig.of(settings)` is what the environment set; `FeedbackConfig()` the defaults (Settings
+    holds them and validates the values).
+    """
+
+    window_s: float = _default("window_s")
+    hop_s: float = _default("hop_s")
+    interval_s: float = _default("interval_s")
+    take_max: int = _default("take_max")
+    take_within_s: float = _default("take_within_s")
+    label_ttl_s: float = _default("label_ttl_s")
+    shadow_ttl_s: float = _default("shadow_ttl_s")
+    max_pending: int = _default("max_pending")
+    last_n: int = _default("last_n")
+    alpha: float = _default("alpha")
+    min_score_outcomes: int = _default("min_score_outcomes")
+    min_results: int = _default("min_results")
+    deadband: float = _default("deadband")
+    observe_s: float | None = _default("observe_s")
+    control: bool = _default("control")
+    group: str | None = _default("group")
+    fetch_wait_ms: int = _default("fetch_wait_ms")
+
+    @classmethod
+    def of(cls, settings: Settings) -> FeedbackConfig:
+        return cls(**{f.name: getattr(settings, f"feedback_{f.name}") for f in fields(cls)})
 
     def agg(self) -> AggConfig:
         return AggConfig(window_ms=int(self.window_s * 1000), hop_ms=int(min(self.hop_s, self.window_s) * 1000),
@@ -124,7 +134,7 @@ class Feedback:
     def __init__(self, settings: Settings, cfg: FeedbackConfig | None = None,
                  client: redis.Redis | None = None) -> None:
         self.s = settings
-        self.cfg = cfg or FeedbackConfig()
+        self.cfg = cfg or FeedbackConfig.of(settings)
         self.topics = Topics(settings.topic_prefix)
         self.r = client or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
         self.store = ThresholdStore(self.r, settings.redis_prefix)
@@ -457,7 +467,7 @@ class _Worker(faust.Worker):
 # --------------------------------------------------------------------------- entry point
 def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
     """Run the feedback agent until SIGTERM / SIGINT; 0 on a clean stop."""
-    cfg = cfg or FeedbackConfig()
+    cfg = cfg or FeedbackConfig.of(settings)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -96,6 +96,25 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 5.0
 
+    # --- the feedback agent (`tierflow feedback`, pipeline/feedback.py: FeedbackConfig is their view) ---
+    feedback_window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
+    feedback_hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
+    feedback_interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")
+    feedback_take_max: int = Field(2000, ge=1, description="records per processed batch")
+    feedback_take_within_s: float = Field(0.2, gt=0, description="longest wait to fill a batch")
+    feedback_label_ttl_s: float = Field(300.0, gt=0, description="how long a label or a result waits for its partner")
+    feedback_shadow_ttl_s: float = Field(60.0, gt=0, description="how long a light answer waits for its shadow")
+    feedback_max_pending: int = Field(20_000, ge=1, description="entries per join kept at most")
+    feedback_last_n: int = Field(500, ge=1, description="results per model behind its score")
+    feedback_alpha: float = Field(0.5, ge=0.0, le=1.0, description="score weight of latency vs accuracy")
+    feedback_min_score_outcomes: int = Field(20, ge=1, description="label/shadow outcomes before a model is scored")
+    feedback_min_results: int = Field(200, ge=1, description="text answers in the window before the controller acts")
+    feedback_deadband: float = Field(0.01, ge=0.0, le=0.5, description="heavy share the controller leaves alone")
+    feedback_observe_s: float | None = Field(None, gt=0, description="rollback watch per change; unset: 2 windows")
+    feedback_control: bool = Field(True, description="false: measure and publish metrics, never write thresholds")
+    feedback_group: str | None = Field(None, description="consumer group / faust app id; unset: <prefix>-feedback")
+    feedback_fetch_wait_ms: int = Field(25, ge=0, description="broker fetch wait (tansu needs it short)")
+
     @property
     def bootstrap(self) -> str:
         """The bootstrap servers to dial: the configured ones, else the embedded broker's."""
