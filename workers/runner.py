@@ -74,6 +74,7 @@ class Worker:
     def __init__(self, settings: Settings, tier: Tier, model: InferenceModel, device: str = "cpu",
                  worker_id: str | None = None, r: redis.Redis | None = None) -> None:
         self.s, self.tier, self.model, self.device = settings, tier, model, device
+        self._tier_name = tier.value  # read per message: an Enum attribute costs a descriptor call
         self.topics = topics_of(settings)
         self.worker_id = worker_id or f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
@@ -233,21 +234,23 @@ class Worker:
                   and rid not in fresh_replays)
         produced = _now_ms()
         received, ingested = d["received_ms"], d["ingested_ms"]
-        total_ms = max(0, produced - received)
+        total_ms = produced - received if produced > received else 0  # clocks of two hosts: never negative
+        queue_ms = dequeued - ingested if dequeued > ingested else 0
+        tier = self._tier_name
         answer = {
             "request_id": rid,
             "user_id": req.get("user_id"),
             "answer": "" if escalate else pred.answer,
             "intent": pred.intent,
             "confidence": min(1.0, max(0.0, float(pred.confidence))),
-            "tier": self.tier.value,
+            "tier": tier,
             "model": pred.model,
             "escalated": esc is not None,
             "degraded": degraded,
             "route_reason": d["route_reason"],
             "timings_ms": {
-                "ingest": max(0, ingested - received),
-                "queue": max(0, dequeued - ingested),
+                "ingest": ingested - received if ingested > received else 0,
+                "queue": queue_ms,
                 "inference": round(infer_ms + (esc["inference_ms"] if esc else 0.0), 3),
                 "total": total_ms,
             },
@@ -260,7 +263,7 @@ class Worker:
         # The result is the answer plus the stage's details: extend the serialised answer, don't rebuild it.
         details = orjson.dumps({
             "final": final,
-            "stage": self.tier.value,
+            "stage": tier,
             "shadow": shadow,
             "features": d["features"],
             "timestamps": {"received": received, "ingested": ingested, "dequeued": dequeued,
@@ -274,7 +277,7 @@ class Worker:
         produce(self.producer, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
         answered_ms = float(total_ms) if final and not repeat and not escalate else None
         kind = "escalated" if escalate else ("replay" if replay else "stage")
-        self._observed.append((kind, pred.model, infer_ms, max(0, dequeued - ingested), answered_ms))
+        self._observed.append((kind, pred.model, infer_ms, queue_ms, answered_ms))
         if escalate:
             up = {**d, "tier": Tier.HEAVY.value, "route_reason": f"{d['route_reason']}:escalated",
                   "escalated_from": {"tier": self.tier.value, "intent": pred.intent,
