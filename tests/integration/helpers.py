@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -15,7 +15,7 @@ from pipeline.kafka import make_consumer, make_producer, topics_of
 from pipeline.settings import Settings
 
 
-def produce_all(settings: Settings, topic: str, values: list[bytes | None], keys: list[str] | None = None) -> None:
+def produce_all(settings: Settings, topic: str, values: Sequence[bytes | None], keys: list[str] | None = None) -> None:
     p = make_producer(settings)
     for i, v in enumerate(values):
         while True:

@@ -84,7 +84,7 @@ def test_thousand_requests_one_answer_each_and_malformed_to_dlq(
     start_pipeline(s, running, packaged_models)
     reqs = valid_requests(1000)
     answers_c, dlq_c, results_c = reader(s, t.answers), reader(s, t.dlq), reader(s, t.results)
-    produce_all(s, t.requests, [orjson.dumps(r) for r in reqs] + MALFORMED)
+    produce_all(s, t.requests, [*(orjson.dumps(r) for r in reqs), *MALFORMED])
 
     answers = drain(answers_c, lambda ms: len(ms) >= 1000, timeout=240, settle=2.0)
     dead = drain(dlq_c, lambda ms: len(ms) >= 20, timeout=30, settle=1.0)

@@ -112,7 +112,7 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
             time.sleep(0.1)
         assert not ingest.cache.stale and ingest.cache.current.length_threshold == 10
         time.sleep(1.0)
-    got = values(drain(answers, lambda ms: len({orjson.loads(m.value())["request_id"] for m in ms})
+    got = values(drain(answers, lambda ms: len({orjson.loads(m.value() or b"{}").get("request_id") for m in ms})
                        >= len(traffic.sent), timeout=60))
     answers.close()
     assert {a["request_id"] for a in got} == set(traffic.sent)

@@ -125,7 +125,7 @@ def test_errors_are_classified() -> None:
     assert e.value.kind == "schema"
 
 
-ROUTED = {
+ROUTED: dict[str, Any] = {
     "request": {"id": "r1", "text": "How do I reset my PIN?", "user_id": "u1", "ts": 5},
     "features": {"chars": 22, "tokens": 7, "script": "en", "lang": "en", "has_image": False, "image_bytes": 0,
                  "vip": False, "question": True, "complaint": False, "urgent": False},
