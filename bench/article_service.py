@@ -97,9 +97,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--rate", type=float, default=50.0, help="offered load for the p95 comparison (msg/s)")
+    ap.add_argument("--messages", type=int, default=None, help="flat-out requests to the article service "
+                                                                 "(2,000; quick 300); tierflow gets 5x as many")
+    ap.add_argument("--seconds", type=float, default=None, help="length of the fixed-load runs (20 s; quick 5 s)")
     args = ap.parse_args()
-    n = 300 if args.quick else 2000
-    seconds = 5 if args.quick else 20
+    n = args.messages or (300 if args.quick else 2000)
+    seconds = args.seconds or (5 if args.quick else 20)
 
     from workers.models.registry import tier_model
 

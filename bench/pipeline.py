@@ -149,9 +149,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller runs (minutes, not tens of minutes)")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
+    ap.add_argument("--flat", type=int, default=None, help="requests of the flat-out runs (100,000; quick 20,000)")
+    ap.add_argument("--seconds", type=float, default=None, help="length of the fixed-load runs (20 s; quick 5 s)")
     args = ap.parse_args()
-    n_flat = 20_000 if args.quick else 100_000
-    fixed_rate, fixed_s = 1000.0, (5 if args.quick else 20)
+    n_flat = args.flat or (20_000 if args.quick else 100_000)
+    fixed_rate, fixed_s = 1000.0, args.seconds or (5 if args.quick else 20)
 
     rows: list[str] = []
     mem: dict[str, float] = {}

@@ -1,0 +1,39 @@
+"""Every benchmark in bench/ runs end to end on a tiny sample, so the harness behind BENCHMARKS.md cannot rot.
+
+Real broker, Redis, processes and models, as in the full runs; only the sizes shrink. Without --write
+nothing in the repository changes (BENCHMARKS.md and the committed plot are compared byte for byte).
+bench/quality's --quick path has its own test (tests/unit/test_quality_bench.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = {
+    "ingest": (["--messages", "3000", "--rounds", "1"], "| ingest agent"),
+    "batching": (["--messages", "64", "--rounds", "1"], "| one at a time: msg/s | batched: msg/s |"),
+    "feedback": (["--results", "3000", "--rounds", "1"], "| feedback agent, end to end |"),
+    "pipeline": (["--flat", "600", "--seconds", "1"], "| pipeline, echo model | flat out |"),
+    "article_service": (["--messages", "20", "--seconds", "1", "--rate", "20"], "Throughput ratio"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_benchmark_runs_on_a_tiny_sample(name: str) -> None:
+    args, expected = TINY[name]
+    before = [(ROOT / f).read_bytes() for f in ("BENCHMARKS.md", "bench/quality.png")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert expected in run.stdout, run.stdout[-3000:]
+    assert [(ROOT / f).read_bytes() for f in ("BENCHMARKS.md", "bench/quality.png")] == before
