@@ -64,6 +64,22 @@ def command() -> str:
     return shlex.join([prog.name, *argv])
 
 
+def recorded(title: str, row: str, column: int, path: Path = BENCHMARKS) -> float | None:
+    """A number another benchmark wrote: `column` (0 = first cell) of the table row starting `| row` in
+    section `## title` of BENCHMARKS.md; None when that section or row is not there."""
+    if not path.exists():
+        return None
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", path.read_text(), re.S | re.M)
+    for line in (m.group(1).splitlines() if m else []):
+        if line.startswith(f"| {row}"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            try:
+                return float(cells[column].replace(",", "").split()[0])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def write_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
     """Replace (or append) the `## title` section of BENCHMARKS.md with `body` plus provenance."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

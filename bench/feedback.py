@@ -27,7 +27,7 @@ import redis
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, embedded_services, fresh_topics, write_section
+from bench.common import ROOT, embedded_services, fresh_topics, recorded, write_section
 from pipeline.kafka import make_producer, produce, topics_of
 from pipeline.settings import Settings
 from pipeline.stats import AggConfig, Aggregator
@@ -138,6 +138,25 @@ def stats_us(msgs: list[bytes]) -> float:
     return (time.perf_counter() - t0) / len(msgs) * 1e6
 
 
+def against_pipeline(rate: float) -> str:
+    """The agent's rate beside the pipeline's, as the pipeline benchmarks recorded them in BENCHMARKS.md."""
+    product = recorded("Against the design article's service", "tierflow", 1)
+    echo = recorded("End-to-end pipeline", "pipeline, echo model | flat out", 3)
+    lines = []
+    if product:
+        lines.append(f"the product (packaged models, all tiers on these 2 cores) answers {product:,.0f} msg/s flat "
+                     f"out: the agent keeps up {rate / product:,.0f} times over")
+    if echo:
+        verdict = ("keeps up" if rate >= echo else
+                   f"does not keep up ({rate / echo:.0%} of it): at such rates its windows lag behind the stream "
+                   "(it reads a backlog, never drops) and the controller acts on older statistics")
+        lines.append(f"the echo pipeline (no models) answers {echo:,.0f} msg/s flat out: the agent {verdict}")
+    if not lines:
+        return ""
+    return ("\nAgainst the pipeline's rate (from the sections below, same machine): "
+            + "; ".join(lines) + ". One result record per answer, plus one per escalation.\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=int, default=200_000)
@@ -170,6 +189,7 @@ def main() -> None:
         f"The statistics are {us / (1e6 / rate):.0%} of the agent's time per record; the rest is faust's "
         "consumer and stream machinery (aiokafka fetches, events, acks). "
         f"Load average while measuring: {load:.1f} (other work shares this machine).\n"
+        + against_pipeline(rate)
     )
     print(body)
     if args.write:
