@@ -427,7 +427,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = ("ingest", "batching", "quality", "feedback", "pipeline", "article_service")
+# feedback last: its section compares the agent with the pipeline rates the others just recorded
+BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "feedback")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
