@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -134,7 +135,8 @@ def main() -> None:
         f"{a95:.1f} | {a99:.1f} |\n"
         f"| tierflow (micro-batched tiers on Kafka) | {tf_flat.rate:,.1f} | {args.rate:.0f} msg/s | {t50:.1f} | "
         f"{t95:.1f} | {t99:.1f} |\n\n"
-        f"Throughput ratio tierflow / article service: {tf_flat.rate / art_rate:.1f}x.\n"
+        f"Throughput ratio tierflow / article service: {tf_flat.rate / art_rate:.1f}x. "
+        f"1-minute load average at the end: {os.getloadavg()[0]:.1f}.\n"
     )
     print(body)
     if args.write:

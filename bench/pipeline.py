@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -211,7 +212,9 @@ def main() -> None:
         "the flat-out load ingest's health check may degrade heavy-bound requests to light (heavy lag), as in "
         "production.\n\n"
         + "\n".join(rows)
-        + f"\n\nAdded p99 over the bare broker at {fixed_rate:.0f} msg/s (echo model): {added:.1f} ms.\n\n"
+        + f"\n\nAdded p99 over the bare broker at {fixed_rate:.0f} msg/s (echo model): {added:.1f} ms. "
+        f"1-minute load average at the end: {os.getloadavg()[0]:.1f} (above ~2 other work shared the 2 cores and "
+        "every hop's broker round trip waited for CPU).\n\n"
         "Peak RSS per process type (MB):\n\n| process | peak RSS MB |\n|---|---:|\n" + mem_rows + "\n"
     )
     print(body)
