@@ -1,7 +1,9 @@
 """Worker heartbeats in Redis: each worker writes its health with a TTL; ingest reads a tier's.
 
-Key: `<prefix>hb:<tier>:<worker_id>` -> JSON {ts, lag, p95_ms, processed, model, device}, expiring
-after `heartbeat_ttl_s`, so a killed worker disappears by itself.
+Key: `<prefix>hb:<tier>:<worker_id>` -> JSON {ts, lag, p95_ms, live_p95_ms, live_recent_p95_ms,
+live_recent_n, processed, model, device}, expiring after `heartbeat_ttl_s`, so a killed worker
+disappears by itself. The `live_recent_*` pair covers the last RECENT_S seconds only: the fresh
+signal a replay's guard steers by.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import redis
 
 from pipeline import metrics
 from pipeline.health import Observation
+
+RECENT_S = 2.0  # seconds behind `live_recent_p95_ms`: fresh enough to steer by, enough answers for a p95
 
 
 def hb_key(prefix: str, tier: str, worker_id: str) -> str:
@@ -66,12 +70,16 @@ class LatencyWindow:
         now = time.monotonic()
         self._items.extend((now, x) for x in ms)
 
-    def p95(self) -> float:
-        cutoff = time.monotonic() - self.horizon_s
+    def p95(self, horizon_s: float | None = None) -> float:
+        return self.recent_p95(horizon_s)[0]
+
+    def recent_p95(self, horizon_s: float | None = None) -> tuple[float, int]:
+        """(p95 in ms, how many latencies it is of) over the last `horizon_s` (default: the window's horizon)."""
+        cutoff = time.monotonic() - (self.horizon_s if horizon_s is None else horizon_s)
         recent = sorted(ms for t, ms in list(self._items) if t >= cutoff)
         if not recent:
-            return 0.0
-        return recent[min(len(recent) - 1, int(0.95 * len(recent)))]
+            return 0.0, 0
+        return recent[min(len(recent) - 1, int(0.95 * len(recent)))], len(recent)
 
 
 class Heartbeat:

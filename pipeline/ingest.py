@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import orjson
 import redis
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pipeline import features, metrics
 from pipeline.contracts import MAX_IMAGE_BYTES, decode_request, fast_request
@@ -35,6 +35,7 @@ from pipeline.kafka import (
     rewind,
     topics_of,
 )
+from pipeline.replay import BackfillLane
 from pipeline.routing import HEALTHY, Route, TierHealth, in_sample, route
 from pipeline.settings import Settings
 from pipeline.thresholds import ThresholdCache, Thresholds, ThresholdStore
@@ -115,8 +116,8 @@ class Ingest:
         self.cache = ThresholdCache(self.store, component="ingest")
         self.monitor = HealthMonitor(self.r, settings.redis_prefix, self.cache) if health_checks else None
         self.consumer = make_consumer(settings, settings.group("ingest"))
-        # Backfill has its own topic and group, read only with the capacity live traffic leaves free.
-        self.replay_consumer = make_consumer(settings, settings.group("ingest-replay"))
+        # Backfill has its own topic, group, producer and batches, taken only while no live record waits.
+        self.backfill = BackfillLane(settings, settings.group("ingest-replay"), self.topics.replay, "ingest")
         self._pinned: dict[int, Thresholds] = {}
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
@@ -135,7 +136,7 @@ class Ingest:
         if self.monitor:
             self.monitor.start()
         self.consumer.subscribe(self._sources, on_revoke=self._on_revoke)
-        self.replay_consumer.subscribe([self.topics.replay])
+        self.backfill.start()
         log.info("ingest: consuming %s (thresholds v%d%s)", ", ".join(self._sources), self.cache.current.version,
                  ", Redis unavailable: defaults" if self.cache.stale else "")
         try:
@@ -150,41 +151,56 @@ class Ingest:
             self.monitor.stop()
         self.producer.flush(self.s.flush_timeout_s)
         self.consumer.close()
-        self.replay_consumer.close()
+        self.backfill.close()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Everything consumed so far was flushed and committed inside step(); nothing to do but note it.
         log.debug("ingest: partitions revoked: %s", partitions)
 
     def step(self, timeout: float = 0.1) -> int:
-        """Consume one batch, route it, flush, commit. Returns the number of records consumed."""
-        msgs = poll_batch(self.consumer, self.s.ingest_batch, timeout)
-        spare = self.s.ingest_batch // 2 - len(msgs)
-        backfill = self.replay_consumer.consume(spare, 0) if spare > 0 else []
-        if not msgs and not backfill:
-            return 0
+        """Consume one live batch, route it, flush, commit. Returns the number of live records consumed.
+
+        Backfill records are routed in batches of their own, only while no live record is buffered.
+        """
+        msgs = self.consumer.consume(self.s.ingest_batch, 0)
+        if not msgs:
+            if self.backfill.turn(False, self._route_backfill):
+                return 0
+            msgs = poll_batch(self.consumer, self.s.ingest_batch, self.backfill.idle_wait_s(timeout))
+            if not msgs:
+                return 0
+        n = self._step_live(msgs)
+        # Due here only when live traffic has left no idle moment for a while: backfill still moves, slowly.
+        self.backfill.turn(True, self._route_backfill)
+        return n
+
+    def _route_backfill(self, msgs: list[Message], producer: Producer) -> None:
+        """A batch from the backfill topic to the backfill tier topics (BackfillLane flushes and commits)."""
+        health = self.monitor.health if self.monitor else HEALTHY
+        now_ms = int(time.time() * 1000)
+        routed: Counter[Route] = Counter()
+        for msg in msgs:
+            self._route_replay(msg, health, now_ms, routed)
+        metrics.REQUESTS_IN.labels("replay").inc(len(msgs))
+        for r, k in routed.items():
+            metrics.ROUTED.labels(r.tier, r.reason).inc(k)
+
+    def _step_live(self, msgs: list[Message]) -> int:
         t0 = time.perf_counter()
         th = self.cache.current
         health = self.monitor.health if self.monitor else HEALTHY
         now_ms = int(time.time() * 1000)
         routed: Counter[Route] = Counter()
         good = self._route_live(msgs, th, health, now_ms, routed)
-        replayed = [m for m in backfill if m.error() is None]
-        for msg in replayed:
-            self._route_replay(msg, health, now_ms, routed)
         self.producer.flush(self.s.flush_timeout_s)
         if self.delivery.failed:
             log.warning("ingest: %d records not delivered (%s); re-processing the batch",
                         self.delivery.failed, "; ".join(self.delivery.errors))
             self.delivery.reset()
             rewind(self.consumer, good)
-            rewind(self.replay_consumer, replayed)
             time.sleep(0.5)
             return len(msgs)
         commit(self.consumer, good, "ingest")
-        if replayed:
-            commit(self.replay_consumer, replayed, "ingest")
-            metrics.REQUESTS_IN.labels("replay").inc(len(replayed))
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
         for r, n in routed.items():
@@ -282,9 +298,12 @@ class Ingest:
                 check_image(data, req.image.mime)
                 image_bytes = len(data)
         except InvalidMessage as e:
-            stage = "ingest" if replay_job is None else "ingest:replay"
-            to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, stage, self.delivery,
-                   self.s.max_message_bytes)
+            if replay_job is None:
+                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest", self.delivery,
+                       self.s.max_message_bytes)
+            else:
+                to_dlq(self.backfill.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest:replay",
+                       self.backfill.delivery, self.s.max_message_bytes)
             self.stats.dead += 1
             return
         feats = features.extract(req, vip=req.user_id in self.cache.vips, image_bytes=image_bytes)
@@ -311,8 +330,8 @@ class Ingest:
             try:
                 self._send_replay(raw, tail, r, key, shadow)
             except InvalidMessage as e:
-                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest:replay", self.delivery,
-                       self.s.max_message_bytes)
+                to_dlq(self.backfill.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest:replay",
+                       self.backfill.delivery, self.s.max_message_bytes)
                 self.stats.dead += 1
                 return
             routed[REPLAY_ROUTES[r.tier]] += 1
@@ -335,9 +354,9 @@ class Ingest:
         if shadow:
             for tier in (Tier.LIGHT, Tier.HEAVY):
                 tail.update(tier=tier, shadow=True, route_reason=f"replay_shadow:{r.reason}")
-                produce(self.producer, self._replay_topics[tier], _routed(raw, tail), key)
+                produce(self.backfill.producer, self._replay_topics[tier], _routed(raw, tail), key)
         else:
-            produce(self.producer, self._replay_topics[r.tier], _routed(raw, tail), key)
+            produce(self.backfill.producer, self._replay_topics[r.tier], _routed(raw, tail), key)
         self.stats.routed += 1
 
 

@@ -19,24 +19,171 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pipeline.contracts import decode_request
 from pipeline.dlq import error_headers
 from pipeline.errors import ConfigError, InvalidMessage
-from pipeline.kafka import Headers, make_consumer, make_producer, produce, topics_of
+from pipeline.heartbeats import RECENT_S, read_heartbeats
+from pipeline.kafka import (
+    DeliveryTracker,
+    Headers,
+    make_consumer,
+    make_producer,
+    next_offsets,
+    produce,
+    rewind,
+    topics_of,
+)
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CHUNK = 500  # records between flush + progress save
+CHUNK = 500  # records at most between flush + progress save
+CHUNK_S = 0.1  # a paced replay sends this many seconds' worth of records at a time
+
+
+# --------------------------------------------------------------------------- the backfill path's pacing
+def backfill_consumer_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka keys for the consumers of the backfill topics (ingest's and the workers').
+
+    A consumer tailing a busy topic fetches again as soon as a fetch returns, a few records at a time:
+    on a small broker that request rate is what slows live produces and fetches. Keeping one record
+    queued stops the prefetch until the loop takes its next backfill batch, so a backfill costs a fetch
+    per batch; idle, the long wait keeps its polling cheap.
+    """
+    wait = settings.replay_fetch_wait_ms
+    return {"fetch.wait.max.ms": wait, "queued.min.messages": 1, "fetch.queue.backoff.ms": wait}
+
+
+def commit_async(consumer: Consumer, msgs: list[Message]) -> None:
+    """Commit the offsets after `msgs` without waiting for the broker (backfill batches: see BackfillGate)."""
+    if not msgs:
+        return
+    try:
+        consumer.commit(offsets=next_offsets(msgs), asynchronous=True)
+    except KafkaException as e:  # not committed: the batch is re-read, and answered ids are not answered again
+        log.debug("backfill commit failed: %s", e)
+
+
+class BackfillGate:
+    """When a loop may take a backfill batch: only while no live record waits, within a duty cycle.
+
+    After a backfill batch that took `d` seconds the loop rests `d * (1 - duty) / duty`, and at least
+    `gap_s`, before the next: backfill holds at most `duty` of the loop's time, a live record arriving
+    meanwhile finds the loop free, and the broker sees a few full batches rather than many small ones.
+    Where live traffic never leaves the loop idle, backfill still gets a batch every `starve_s` (and its
+    consumer stays polled, so it keeps its group membership).
+    """
+
+    def __init__(self, duty: float, gap_s: float = 0.0, starve_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.duty, self.gap_s, self.starve_s, self._clock = duty, gap_s, starve_s, clock
+        self._next = 0.0  # earliest start of the next backfill batch
+        self._last = clock()  # the last backfill turn, found records or not
+        self.active = False  # the last turn found records: more are probably waiting
+
+    def due(self, live_waiting: bool) -> bool:
+        now = self._clock()
+        if now < self._next:
+            return False
+        return not live_waiting or now - self._last >= self.starve_s
+
+    def done(self, started: float, records: int) -> None:
+        """A backfill turn that began at `started` (this gate's clock) took `records` records."""
+        now = self._clock()
+        self._last, self.active = now, records > 0
+        rest = (now - started) * (1.0 - self.duty) / self.duty if records else 0.0
+        self._next = now + max(self.gap_s, rest)
+
+    def idle_wait_s(self, idle_s: float) -> float:
+        """How long to block waiting for live records: no later than the next backfill turn while one is under way."""
+        if not self.active:
+            return idle_s
+        return min(idle_s, max(0.001, self._next - self._clock()))
+
+    def now(self) -> float:
+        return self._clock()
+
+
+class BackfillLane:
+    """The backfill side of an ingest or worker loop: its consumer, producer and gate, and its batch in flight.
+
+    A backfill batch is produced without waiting for the broker; its offsets commit (asynchronously) once
+    its records are acknowledged, checked at the next turn, and a batch that failed is read again. So a
+    turn holds the loop only for its CPU time, a live flush never waits for backfill records (they have a
+    producer of their own), and at most one backfill batch is in flight. With transactions, each turn is
+    a transaction of its own instead (the backfill producer has its own transactional id).
+    """
+
+    def __init__(self, settings: Settings, group: str, topic: str, who: str,
+                 transactional_id: str | None = None) -> None:
+        self.s, self.topic, self.who = settings, topic, who
+        self.consumer: Consumer = make_consumer(settings, group, **backfill_consumer_config(settings))
+        self.delivery = DeliveryTracker()
+        extra = {"transactional.id": transactional_id} if transactional_id else {}
+        self.producer: Producer = make_producer(settings, on_delivery=self.delivery,
+                                                **{"delivery.report.only.error": True}, **extra)
+        self.transactional = transactional_id is not None
+        self.gate = BackfillGate(settings.replay_duty, settings.replay_gap_ms / 1000.0)
+        self.batch = settings.replay_batch
+        self.pending: list[Message] = []
+
+    def start(self) -> None:
+        if self.transactional:
+            self.producer.init_transactions(30)
+        self.consumer.subscribe([self.topic])
+
+    def settled(self) -> bool:
+        """Whether the batch in flight is done with: acknowledged (offsets committed) or failed (to be re-read)."""
+        if not self.pending:
+            return True
+        self.producer.poll(0)
+        if len(self.producer):
+            return False
+        if self.delivery.failed:
+            log.warning("%s: %d replayed records not delivered (%s); re-reading the batch", self.who,
+                        self.delivery.failed, "; ".join(self.delivery.errors))
+            self.delivery.reset()
+            rewind(self.consumer, self.pending)
+        else:
+            commit_async(self.consumer, self.pending)
+        self.pending = []
+        return True
+
+    def turn(self, live_waiting: bool, process: Callable[[list[Message], Producer], None]) -> int:
+        """Take and process one backfill batch, if one is due (see BackfillGate). Returns its size."""
+        if not self.gate.due(live_waiting) or not self.settled():
+            return 0
+        started = self.gate.now()
+        msgs = [m for m in self.consumer.consume(self.batch, 0) if m.error() is None]
+        if msgs:
+            if self.transactional:
+                self.producer.begin_transaction()
+                process(msgs, self.producer)
+                self.producer.send_offsets_to_transaction(next_offsets(msgs), self.consumer.consumer_group_metadata())
+                self.producer.commit_transaction()
+            else:
+                process(msgs, self.producer)
+                self.producer.poll(0)
+                self.pending = msgs
+        self.gate.done(started, len(msgs))
+        return len(msgs)
+
+    def idle_wait_s(self, idle_s: float) -> float:
+        return self.gate.idle_wait_s(idle_s)
+
+    def close(self) -> None:
+        self.producer.flush(self.s.flush_timeout_s)
+        self.settled()
+        self.consumer.close()
 
 
 # --------------------------------------------------------------------------- time and positions
@@ -70,8 +217,12 @@ class RandomReader:
 
     def __init__(self, settings: Settings, topic: str) -> None:
         self.topic = topic
+        # One record is wanted per read: small fetches and no prefetch, else a seek waits out the fetch queue's
+        # backoff (1 s by default; a time search went from ~10 s to ~0.5 s).
         self.c: Consumer = make_consumer(settings, f"tierflow-replay-seek-{time.time_ns()}",
-                                         **{"enable.partition.eof": True})
+                                         **{"enable.partition.eof": True, "queued.min.messages": 1,
+                                            "fetch.queue.backoff.ms": 1, "fetch.message.max.bytes": 65536,
+                                            "max.partition.fetch.bytes": 65536})
 
     def read(self, partition: int, offset: int, timeout: float = 5.0) -> Message | None:
         """The record at `offset`, or None when the partition ends before it."""
@@ -97,8 +248,15 @@ class RandomReader:
         self.c.close()
 
 
-def first_offset_at(reader: RandomReader, partition: int, ts_ms: int, guess: int | None) -> int:
-    """The first offset whose timestamp is >= ts_ms: the broker's guess when verified, else a binary search."""
+def first_offset_at(reader: RandomReader, partition: int, ts_ms: int, guess: int | None, lo: int = 0,
+                    hi: int | None = None) -> int:
+    """The first offset in [lo, hi] whose timestamp is >= ts_ms (hi: none is): the broker's guess when verified,
+    else a search by reading.
+
+    The search interpolates on timestamps every other step and bisects in between: a few reads where
+    timestamps grow evenly with offsets, never more than twice a binary search's. Each read is a fetch
+    the broker serves beside live traffic, so fewer reads is a quieter start.
+    """
 
     def ts_at(off: int) -> int | None:
         m = reader.read(partition, off)
@@ -109,14 +267,28 @@ def first_offset_at(reader: RandomReader, partition: int, ts_ms: int, guess: int
         before = ts_at(guess - 1) if guess > 0 else None
         if here is not None and here >= ts_ms and (guess == 0 or (before is not None and before < ts_ms)):
             return guess
-    lo, hi = 0, reader.end(partition)  # answer in [lo, hi]; hi means "no record at or after ts"
+    if hi is None:
+        hi = reader.end(partition)
+    below: tuple[int, int] | None = None  # (offset, timestamp) of a record known to be before ts_ms
+    above: tuple[int, int] | None = None  # ... and of one known to be at or after it
+    step = 0
     while lo < hi:
         mid = (lo + hi) // 2
+        if step % 2 == 0:
+            if below is None or above is None:  # the bracket's ends, to interpolate between
+                mid = lo if below is None else hi - 1
+            elif above[1] > below[1]:
+                frac = (ts_ms - below[1]) / (above[1] - below[1])
+                mid = min(hi - 1, max(lo, below[0] + 1 + int(frac * (above[0] - below[0] - 1))))
+        step += 1
         t = ts_at(mid)
         if t is None or t >= ts_ms:
             hi = mid
+            if t is not None:
+                above = (mid, t)
         else:
             lo = mid + 1
+            below = (mid, t)
     return lo
 
 
@@ -177,7 +349,9 @@ class TopicSource(Source):
     start_offsets: dict[int, int] = field(default_factory=dict)
     end_offsets: dict[int, int] = field(default_factory=dict)
 
-    def _bounds(self) -> tuple[dict[int, int], dict[int, int]]:
+    def _bounds(self) -> tuple[dict[int, int], dict[int, int | None]]:
+        """Per partition, the first offset to replay, and the offset to stop before (None: at the first record
+        after `end_ts`, found by reading the range itself rather than by a search beforehand)."""
         assert self.settings is not None
         reader = RandomReader(self.settings, self.topic)
         try:
@@ -191,9 +365,9 @@ class TopicSource(Source):
                 found = reader.c.offsets_for_times([TopicPartition(self.topic, p, self.start_ts) for p in parts],
                                                    timeout=10)
                 guesses = {tp.partition: tp.offset for tp in found}
-            start, end = {}, {}
+            start: dict[int, int] = {}
+            end: dict[int, int | None] = {}
             for p in parts:
-                hi = reader.end(p)
                 if p in self.start_offsets:
                     start[p] = self.start_offsets[p]
                 elif self.start_ts is not None:
@@ -201,46 +375,65 @@ class TopicSource(Source):
                 else:
                     start[p] = 0
                 if p in self.end_offsets:
-                    end[p] = min(hi, self.end_offsets[p])
+                    end[p] = min(reader.end(p), self.end_offsets[p])
                 elif self.end_ts is not None:
-                    end[p] = first_offset_at(reader, p, self.end_ts + 1, None)
+                    end[p] = None
                 else:
-                    end[p] = hi
+                    end[p] = reader.end(p)
             return start, end
         finally:
             reader.close()
 
     def records(self, position: Any) -> Iterator[tuple[Any, bytes]]:
-        """(per-partition next offsets, record bytes) for every record in range, partition by partition."""
+        """(per-partition next offsets, record bytes) for every record in range, partition by partition.
+
+        A partition's range ends at its end offset, or with `end_ts` at its first record after that time
+        (or at its end, where none is).
+        """
         assert self.settings is not None
+        t0 = time.monotonic()
         start, end = self._bounds()
+        log.info("replay: %s from offsets %s in %.1fs", self.topic, start, time.monotonic() - t0)
         if position:
             start.update({int(p): int(o) for p, o in position.items()})
-        self.total = sum(max(0, end[p] - start[p]) for p in end)
+        ends = [(p, e) for p, e in end.items() if e is not None]
+        self.total = sum(max(0, e - start[p]) for p, e in ends) if len(ends) == len(end) else None
         pos = {str(p): o for p, o in start.items()}
-        todo = [p for p in end if start[p] < end[p]]
+        todo = [p for p, e in end.items() if e is None or start[p] < e]
         if not todo:
             return
-        c = make_consumer(self.settings, f"tierflow-replay-read-{time.time_ns()}", **{"enable.partition.eof": True})
+        # Prefetch no further than what the paced replay takes next: a reader that keeps fetching (up to the
+        # topic's live end) is broker load that live traffic pays for. Partitions pause once read to their end.
+        c = make_consumer(self.settings, f"tierflow-replay-read-{time.time_ns()}",
+                          **{"enable.partition.eof": True, "queued.min.messages": CHUNK,
+                             "fetch.queue.backoff.ms": 100, "fetch.message.max.bytes": 1 << 20,
+                             "max.partition.fetch.bytes": 1 << 20})
         try:
             c.assign([TopicPartition(self.topic, p, start[p]) for p in todo])
             open_parts = set(todo)
+
+            def close(p: int) -> None:
+                open_parts.discard(p)
+                c.pause([TopicPartition(self.topic, p)])
+
             while open_parts:
-                msgs = c.consume(1000, 1.0)
+                msgs = c.consume(CHUNK, 1.0)
                 for m in msgs:
                     err = m.error()
                     p = m.partition() or 0
                     if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            open_parts.discard(p)
+                        if err.code() == KafkaError._PARTITION_EOF and p in open_parts:
+                            close(p)
                         continue
-                    off = m.offset() or 0
-                    if p not in open_parts or off >= end[p]:
-                        open_parts.discard(p)
+                    if p not in open_parts:
+                        continue
+                    off, stop = m.offset() or 0, end[p]
+                    if off >= stop if stop is not None else m.timestamp()[1] > (self.end_ts or 0):
+                        close(p)
                         continue
                     pos[str(p)] = off + 1
-                    if off + 1 >= end[p]:
-                        open_parts.discard(p)
+                    if stop is not None and off + 1 >= stop:
+                        close(p)
                     yield dict(pos), m.value() or b""
         finally:
             c.close()
@@ -305,8 +498,12 @@ class Replayer:
         if force:
             headers.append(("x-force", b"1"))
         t0 = time.monotonic()
-        guard = LiveGuard(self.r, self.s.redis_prefix, max_live_slowdown, rate) if max_live_slowdown else None
-        pacer = Pacer(rate)
+        guard = None
+        if max_live_slowdown:
+            guard = LiveGuard(lambda: read_live_latency(self.r, self.s.redis_prefix), max_live_slowdown, rate,
+                              min_rate=self.s.replay_min_rate, horizon_s=RECENT_S)
+            log.info("replay %s: live p95 baseline %s ms", job, {t: round(v) for t, v in guard.baseline.items()})
+        pacer = Pacer(guard.rate() if guard is not None else rate)
         chunk: list[tuple[Any, bytes]] = []
         bar = _Progress(progress, source)
         done_all = True
@@ -315,13 +512,13 @@ class Replayer:
                 done_all = False
                 break
             chunk.append((pos, raw))
-            if len(chunk) >= CHUNK:
+            if len(chunk) >= pacer.chunk_size():
                 self._send_chunk(chunk, headers, summary, force or shadow, key)
                 bar.advance(len(chunk), summary)
+                if guard is not None:
+                    pacer.rate = guard.wait_rate()
+                pacer.wait(len(chunk))
                 chunk = []
-            if guard is not None:
-                pacer.rate = guard.rate()
-            pacer.wait()
         if chunk:
             self._send_chunk(chunk, headers, summary, force or shadow, key)
             bar.advance(len(chunk), summary)
@@ -374,67 +571,173 @@ class Replayer:
 
 
 class Pacer:
-    """Spaces records 1/rate apart (None: no limit); the rate may change between records."""
+    """Paces records at `rate` msg/s (None: no limit); the rate may change between chunks.
+
+    Records go out in chunks of about CHUNK_S seconds' worth, each followed by a sleep: a paced replay
+    reaches the pipeline as a few even batches a second, and costs a sleep per chunk, not per record.
+    """
 
     def __init__(self, rate: float | None) -> None:
         self.rate = rate
         self._next = time.monotonic()
 
-    def wait(self) -> None:
+    def chunk_size(self) -> int:
+        return CHUNK if not self.rate else max(1, min(CHUNK, int(self.rate * CHUNK_S)))
+
+    def wait(self, n: int) -> None:
+        """Sleep until `n` more records are due."""
         if not self.rate:
             return
         now = time.monotonic()
+        self._next = max(self._next, now - CHUNK_S) + n / self.rate  # a chunk's credit for idle time, no bursts
         if self._next > now:
             time.sleep(self._next - now)
-        self._next = max(self._next, now - 0.05) + 1.0 / self.rate  # little credit for idle time: no bursts
+
+
+@dataclass
+class RateControl:
+    """A replay's rate: up by `grow` while live latency holds, down by `backoff` when it does not.
+
+    Growth is geometric from a modest start, so a replay beside a quiet pipeline reaches the operator's
+    rate in seconds, and a step is never more than half again what was last seen to be harmless.
+    """
+
+    rate: float
+    floor: float
+    ceiling: float
+    grow: float = 1.5
+    backoff: float = 0.5
+
+    def update(self, congested: bool) -> float:
+        factor = self.backoff if congested else self.grow
+        self.rate = min(self.ceiling, max(self.floor, self.rate * factor))
+        return self.rate
+
+
+TierLatency = dict[str, tuple[float, float, int]]  # tier -> (live p95 ms, recent live p95 ms, recent answers)
+
+
+def read_live_latency(r: redis.Redis, prefix: str) -> tuple[TierLatency, float]:
+    """Per tier, the slowest worker's live latency from the heartbeats; and the newest heartbeat's time."""
+    out: TierLatency = {}
+    newest = 0.0
+    for tier in ("light", "heavy", "multimodal"):
+        beats = read_heartbeats(r, prefix, tier)
+        if not beats:
+            continue
+        newest = max([newest, *(float(b.get("ts", 0.0)) for b in beats)])
+        out[tier] = (max(float(b.get("live_p95_ms", 0.0)) for b in beats),
+                     max(float(b.get("live_recent_p95_ms", 0.0)) for b in beats),
+                     min(int(b.get("live_recent_n", 0)) for b in beats))
+    return out, newest
 
 
 class LiveGuard:
-    """Backs off a replay when live answers get slower: the backfill yields to live traffic.
+    """Paces a replay by live latency: the backfill yields to live traffic.
 
-    The workers' heartbeats carry the p95 of their live answers (replays excluded). The guard takes a
-    baseline per tier before the replay starts, then every `interval_s` halves its rate when any tier's
-    live p95 is over `max_slowdown` times its baseline, and otherwise grows it additively (AIMD, as TCP
-    does with a congested link), never above the operator's `--rate`.
+    Before the replay starts, each tier's live p95 (replays excluded, from the workers' heartbeats) is
+    its baseline. Then at every new heartbeat the guard reads each tier's p95 of the last couple of
+    seconds (`horizon_s`): over `max_slowdown` times its baseline (and `slack_ms` over it: a p95 of a
+    few tens of ms jitters by some ms) is congestion, and the rate halves; within it, the rate grows
+    by half. Each change waits out one horizon since the last (a cut may follow a rise at once), since
+    until then the signal still shows the rate before. The rate stays within [`min_rate`, the
+    operator's `--rate`]: a replay under a busy pipeline slows down but finishes. Without live
+    answers to protect (none before the replay, or a tier with too few recent answers for a p95),
+    nothing holds the rate back.
+
+    Live latency also moves for reasons of its own (more live traffic, a slower model, a broker whose
+    log grows). When it stays over its limit for `probe_after` horizons after cuts, the guard pauses
+    the replay for a horizon and takes what live latency is then, without the replay, as the new
+    baseline: a replay is held back by the harm it does, not by a drift it cannot undo.
     """
 
-    def __init__(self, r: redis.Redis, prefix: str, max_slowdown: float, max_rate: float | None,
-                 interval_s: float = 0.5, start_rate: float = 500.0, slack_ms: float = 10.0,
-                 min_rate: float = 100.0) -> None:
-        self.r, self.prefix, self.max_slowdown = r, prefix, max_slowdown
-        self.interval_s, self.slack_ms, self.min_rate = interval_s, slack_ms, min_rate
-        self.max_rate = max_rate or 20_000.0
-        self.current = min(start_rate, self.max_rate)
-        self.baseline = self._p95s()
-        self._checked = time.monotonic()
+    def __init__(self, read: Callable[[], tuple[TierLatency, float]], max_slowdown: float, max_rate: float | None,
+                 *, start_rate: float = 500.0, min_rate: float = 50.0, slack_ms: float = 5.0,
+                 min_answers: int = 20, interval_s: float = 0.5, horizon_s: float = 2.0, settle_s: float = 3.0,
+                 probe_after: int = 2, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.read, self.max_slowdown, self.slack_ms, self.min_answers = read, max_slowdown, slack_ms, min_answers
+        self.interval_s, self.horizon_s, self.clock = interval_s, horizon_s, clock
+        ceiling = max_rate or 20_000.0
+        self.control = RateControl(min(start_rate, ceiling), min(min_rate, ceiling), ceiling)
+        # The baseline: live latency before any replayed record is sent. Live traffic that has only just begun
+        # (or workers that have not beaten yet) gets `settle_s` to show up; none by then: nothing to yield to.
+        deadline = clock() + settle_s
+        while True:
+            latency, self._seen = self._read()
+            self.baseline = {t: recent for t, (_, recent, n) in latency.items() if recent > 0 and n >= min_answers}
+            if self.baseline or clock() >= deadline:
+                break
+            sleep(0.25)
+        self._checked = clock()
+        self._changed_at = self._checked
+        self._cut = False
+        self.cuts = 0
+        self.probe_after, self._stuck, self.probes = probe_after, 0, 0
+        self._probe_until: float | None = None
+        self._sleep = sleep
 
-    def _p95s(self) -> dict[str, float]:
-        from pipeline.heartbeats import read_heartbeats
-
-        out: dict[str, float] = {}
+    def _read(self) -> tuple[TierLatency, float]:
         try:
-            for tier in ("light", "heavy", "multimodal"):
-                beats = [b for b in read_heartbeats(self.r, self.prefix, tier) if b.get("live_p95_ms")]
-                if beats:
-                    out[tier] = max(float(b["live_p95_ms"]) for b in beats)
+            return self.read()
         except (redis.RedisError, OSError):
-            pass
-        return out
+            return {}, 0.0
+
+    def limit(self, tier: str) -> float:
+        """The recent live p95 (ms) above which `tier` counts as slowed down."""
+        base = self.baseline[tier]
+        return max(base * self.max_slowdown, base + self.slack_ms)
+
+    def wait_rate(self) -> float:
+        """The replay rate to use now, after sleeping out a pause to re-measure live latency (see `rate`)."""
+        while (r := self.rate()) <= 0:
+            self._sleep(self.interval_s)
+        return r
 
     def rate(self) -> float:
-        now = time.monotonic()
+        """The replay rate to use now (msg/s); 0 while paused to re-measure live latency without the replay."""
+        now = self.clock()
+        if self._probe_until is not None:
+            if now < self._probe_until:
+                return 0.0
+            return self._rebaseline(now)
         if now - self._checked < self.interval_s:
-            return self.current
+            return self.control.rate
         self._checked = now
-        p95 = self._p95s()
-        # slower than both the ratio and a few ms of slack: p95 of a few ms jitters by more than 15%
-        slow = any(p95[t] > max(self.baseline[t] * self.max_slowdown, self.baseline[t] + self.slack_ms)
-                   for t in p95 if t in self.baseline)
+        latency, newest = self._read()
+        if newest <= self._seen:  # no heartbeat since the last reading: nothing new to act on
+            return self.control.rate
+        self._seen = newest
+        slow = any(recent > self.limit(t) for t, (_, recent, n) in latency.items()
+                   if t in self.baseline and n >= self.min_answers)
+        settled = now - self._changed_at >= self.horizon_s
+        if not settled and (not slow or self._cut):
+            return self.control.rate  # the signal still shows the rate before the last change
+        if slow and self._cut:
+            self._stuck += 1
+            if self._stuck >= self.probe_after:  # cut after cut and no better: is it the replay at all?
+                self._stuck = 0
+                self._probe_until = now + self.horizon_s + self.interval_s
+                return 0.0
+        elif not slow:
+            self._stuck = 0
         if slow:
-            self.current = max(self.min_rate, self.current / 2)
-        else:
-            self.current = min(self.max_rate, self.current + max(50.0, self.current * 0.1))
-        return self.current
+            self.cuts += 1
+            log.info("replay: live p95 %s ms over its limit; replay rate %.0f -> %.0f msg/s",
+                     {t: round(v[1]) for t, v in latency.items() if t in self.baseline}, self.control.rate,
+                     max(self.control.floor, self.control.rate * self.control.backoff))
+        self._changed_at, self._cut = now, slow
+        return self.control.update(slow)
+
+    def _rebaseline(self, now: float) -> float:
+        latency, self._seen = self._read()
+        fresh = {t: recent for t, (_, recent, n) in latency.items() if recent > 0 and n >= self.min_answers}
+        log.info("replay: live p95 without the replay now %s ms (baseline was %s ms)",
+                 {t: round(v) for t, v in fresh.items()}, {t: round(v) for t, v in self.baseline.items()})
+        self.baseline.update(fresh)
+        self.probes += 1
+        self._probe_until, self._changed_at, self._cut = None, now, False
+        return self.control.rate
 
 
 class _Progress:

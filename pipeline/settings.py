@@ -83,6 +83,18 @@ class Settings(BaseSettings):
     multimodal_device: str = "cpu"
     max_image_pixels: int = Field(20_000_000, description="decoded images above this are rejected")
 
+    # --- the backfill path (replayed records): it yields to live traffic ---
+    replay_batch: int = Field(200, ge=1, description="backfill records per batch (one flush and commit each; "
+                              "a model still predicts at most its tier's max batch at a time)")
+    replay_duty: float = Field(0.25, gt=0.0, le=1.0, description="share of an ingest or worker loop's time that "
+                               "backfill batches may take; 1.0 for an offline backfill")
+    replay_gap_ms: float = Field(100.0, ge=0.0, description="least time between two backfill batches of a loop: "
+                                 "fewer, fuller batches are fewer broker requests")
+    replay_min_rate: float = Field(50.0, gt=0.0, description="the slowest a replay's live-latency guard paces it "
+                                   "(msg/s): under a busy pipeline a replay slows down, but finishes")
+    replay_fetch_wait_ms: int = Field(200, ge=1, description="fetch wait of the backfill consumers (their idle "
+                                      "polling is broker load; backfill latency does not matter)")
+
     # --- delivery ---
     exactly_once: bool = Field(False, description="Kafka transactions (Apache Kafka only)")
     flush_timeout_s: float = 30.0

@@ -10,13 +10,15 @@ from pipeline import metrics
 from pipeline.kafka import poll_batch
 
 
-def collect_batch(consumer: Consumer, max_size: int, max_wait_s: float, idle_timeout_s: float = 0.1) -> list[Message]:
+def collect_batch(consumer: Consumer, max_size: int, max_wait_s: float, idle_timeout_s: float = 0.1,
+                  first: list[Message] | None = None) -> list[Message]:
     """Up to `max_size` records: wait up to `idle_timeout_s` for the first, then at most `max_wait_s` more.
 
     A lone message waits no longer than `max_wait_s` for company, so latency at low load stays low and
-    batches fill up under load.
+    batches fill up under load. `first`: records the caller already consumed to start the batch.
     """
-    first = poll_batch(consumer, max_size, idle_timeout_s)
+    if not first:
+        first = poll_batch(consumer, max_size, idle_timeout_s)
     batch = _ok(first, consumer)
     if not first or len(first) >= max_size:
         return batch

@@ -23,7 +23,7 @@ from pipeline import metrics
 from pipeline.contracts import RoutedRequest, decode_model, fast_routed
 from pipeline.dlq import to_dlq
 from pipeline.errors import InvalidMessage
-from pipeline.heartbeats import Heartbeat, LatencyWindow
+from pipeline.heartbeats import RECENT_S, Heartbeat, LatencyWindow
 from pipeline.kafka import (
     DeliveryTracker,
     commit,
@@ -35,6 +35,7 @@ from pipeline.kafka import (
     rewind,
     topics_of,
 )
+from pipeline.replay import BackfillLane
 from pipeline.routing import should_escalate
 from pipeline.settings import Settings
 from pipeline.topics import Tier
@@ -81,17 +82,24 @@ class Worker:
         self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
         self.group = settings.group(f"workers-{tier.value}")
         self.consumer = make_consumer(settings, self.group)
-        # Backfill: read only to fill what live traffic leaves of a batch, so a replay never delays live answers.
-        self.replay_consumer = make_consumer(settings, settings.group(f"workers-{tier.value}-replay"))
+        # Backfill: its own consumer, producer and batches, taken only while no live record waits.
+        self.backfill = BackfillLane(settings, settings.group(f"workers-{tier.value}-replay"),
+                                     self.topics.replay_tier(tier), self.worker_id,
+                                     f"tierflow-{self.worker_id}-replay" if settings.exactly_once else None)
         self.answered_key = f"{settings.redis_prefix}replay:answered"
+        # One round trip and one call for a whole backfill batch: a pipelined SADD per id costs the client more.
+        self._sadd_each = self.r.register_script(SADD_EACH)
         self.transactional = settings.exactly_once
         extra = {"transactional.id": f"tierflow-{self.worker_id}"} if self.transactional else {}
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
         self.producer: Producer = make_producer(settings, on_delivery=self.delivery,
                                                 **{"delivery.report.only.error": True}, **extra)
+        # Where the batch in hand goes: the live producer, or the backfill lane's (with its delivery tracker).
+        self._out, self._out_delivery = self.producer, self.delivery
         self.latency = LatencyWindow()
-        self.live_latency = LatencyWindow()  # live answers only: what a replay must not slow down
+        # live answers only: what a replay must not slow down (2048: the recent p95 at a few thousand msg/s)
+        self.live_latency = LatencyWindow(size=2048)
         self.stats = WorkerStats()
         self.lag = 0
         self.ready = False
@@ -112,8 +120,9 @@ class Worker:
             self.producer.init_transactions(30)
 
     def status(self) -> dict[str, Any]:
+        recent_p95, recent_n = self.live_latency.recent_p95(RECENT_S)
         return {"lag": self.lag, "p95_ms": self.latency.p95(), "live_p95_ms": self.live_latency.p95(),
-                "processed": self.stats.processed,
+                "live_recent_p95_ms": recent_p95, "live_recent_n": recent_n, "processed": self.stats.processed,
                 "model": self.model.name, "device": self.device, "tier": self.tier.value, "ready": self.ready}
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -123,7 +132,7 @@ class Worker:
     def run(self) -> None:
         self.setup()
         self.consumer.subscribe([self.topics.tier(self.tier)], on_assign=self._on_assign)
-        self.replay_consumer.subscribe([self.topics.replay_tier(self.tier)])
+        self.backfill.start()
         self.heartbeat = Heartbeat(self.r, self.s.redis_prefix, self.tier.value, self.worker_id,
                                    self.s.heartbeat_interval_s, self.s.heartbeat_ttl_s, self.status).start()
         try:
@@ -133,19 +142,39 @@ class Worker:
             self.heartbeat.stop()
             self.producer.flush(self.s.flush_timeout_s)
             self.consumer.close()
-            self.replay_consumer.close()
+            self.backfill.close()
 
     # --- one batch ---
     def step(self) -> int:
-        live = collect_batch(self.consumer, self.max_batch, self.max_wait_s)
-        spare = self.max_batch - len(live)
-        backfill = [m for m in self.replay_consumer.consume(spare, 0) if m.error() is None] if spare > 0 else []
-        msgs = live + backfill
-        if not msgs:
+        """One live batch, or one backfill batch when no live record is buffered. Returns records processed.
+
+        Live and replayed records never share a batch: a live record never waits for replayed ones'
+        inference, flush or commit.
+        """
+        live = self.consumer.consume(self.max_batch, 0)
+        if not live:
+            n = self.backfill.turn(False, self._process_backfill)
+            if n:
+                return n
+        live = collect_batch(self.consumer, self.max_batch, self.max_wait_s, self.backfill.idle_wait_s(0.1),
+                             first=live)
+        if not live:
             self.lag = lag_of(self.consumer)
             return 0
         if self.transactional:
             self.producer.begin_transaction()
+        self._process(live, self.producer, self.delivery)
+        n = self._finish(live)
+        # Due here only when live traffic has left no idle moment for a while: backfill still moves, slowly.
+        return n + self.backfill.turn(True, self._process_backfill)
+
+    def _process_backfill(self, msgs: list[Message], producer: Producer) -> None:
+        self._process(msgs, producer, self.backfill.delivery)
+        self._count(len(msgs))  # counted when produced: a batch the broker refuses is counted again when re-read
+
+    def _process(self, msgs: list[Message], producer: Producer, delivery: DeliveryTracker) -> None:
+        """Decode, predict and emit one batch to `producer` (flushing and committing are the caller's)."""
+        self._out, self._out_delivery = producer, delivery
         dequeued = _now_ms()
         routed: list[tuple[Message, dict[str, Any], Item]] = []
         for msg in msgs:
@@ -174,7 +203,6 @@ class Worker:
         for (msg, d, _), pred in zip(routed, preds, strict=True):
             if pred is not None:
                 self._emit(msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
-        return self._finish(live, backfill)
 
     def _first_replay_answers(self, batch: list[dict[str, Any]]) -> set[str] | None:
         """Replayed ids that have not been answered by a replay before (None: Redis unavailable, answer all).
@@ -186,10 +214,7 @@ class Worker:
         if not ids:
             return set()
         try:
-            pipe = self.r.pipeline(transaction=False)
-            for rid in ids:
-                pipe.sadd(self.answered_key, rid)
-            added = pipe.execute()
+            added = self._sadd_each(keys=[self.answered_key], args=ids)
         except (redis.RedisError, OSError):
             metrics.REDIS_ERRORS.labels("worker").inc()
             return None
@@ -199,6 +224,9 @@ class Worker:
         """Predict the batch; on failure retry item by item and dead-letter what still fails."""
         if not routed:
             return []
+        if len(routed) > self.max_batch:  # a backfill batch: the model still takes at most its max batch at once
+            step = self.max_batch
+            return [p for i in range(0, len(routed), step) for p in self._predict(routed[i:i + step])]
         items = [it for _, _, it in routed]
         try:
             return list(checked_predict(self.model, items))
@@ -274,7 +302,8 @@ class Worker:
             "light_intent": esc["intent"] if esc else None,
             "light_confidence": esc["confidence"] if esc else None,
         })
-        produce(self.producer, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
+        out = self._out
+        produce(out, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
         answered_ms = float(total_ms) if final and not repeat and not escalate else None
         kind = "escalated" if escalate else ("replay" if replay else "stage")
         self._observed.append((kind, pred.model, infer_ms, queue_ms, answered_ms))
@@ -285,23 +314,21 @@ class Worker:
                                      "inference_ms": round(infer_ms, 3)}}
             heavy_topic = self.topics.replay_tier(Tier.HEAVY) if replay else self.topics.tier(Tier.HEAVY)
             try:
-                produce(self.producer, heavy_topic, orjson.dumps(up), key)
+                produce(out, heavy_topic, orjson.dumps(up), key)
             except InvalidMessage as e:  # too big to forward (an image near the limit): dead-letter, say why
                 self._dead(msg, e.kind, f"escalation to heavy failed: {e.reason}")
         elif final and not repeat:
-            produce(self.producer, self.topics.answers, answer_json, key)
+            produce(out, self.topics.answers, answer_json, key)
 
     def _dead(self, msg: Message, kind: str, reason: str) -> None:
-        to_dlq(self.producer, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self.delivery,
+        to_dlq(self._out, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self._out_delivery,
                self.s.max_message_bytes)
         self.stats.dead += 1
 
-    def _finish(self, live: list[Message], backfill: list[Message]) -> int:
+    def _finish(self, live: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
         if self.transactional:
-            # Backfill offsets commit outside the transaction (another group); a crash replays them, and the
-            # replay-answered set keeps that from answering twice.
             self.producer.send_offsets_to_transaction(next_offsets(live), self.consumer.consumer_group_metadata())
             self.producer.commit_transaction()
         else:
@@ -311,15 +338,13 @@ class Worker:
                             self.delivery.failed, "; ".join(self.delivery.errors))
                 self.delivery.reset()
                 rewind(self.consumer, live)
-                rewind(self.replay_consumer, backfill)
                 time.sleep(0.5)
-                return len(live) + len(backfill)
+                return len(live)
             commit(self.consumer, live, self.worker_id)
-        commit(self.replay_consumer, backfill, self.worker_id)
-        self._count(len(live) + len(backfill))
+        self._count(len(live))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)
-        return len(live) + len(backfill)
+        return len(live)
 
     def _count(self, batch: int) -> None:
         """Metrics and stats for a batch whose outputs the broker accepted (a rewound batch counts once).
@@ -357,6 +382,10 @@ class Worker:
         self.stats.escalated += sum(escalated.values())
         self.stats.answered += len(answered)
         self._observed = []
+
+
+# SADD per member, answering 1 for each member that was new: which replayed ids this batch answers first.
+SADD_EACH = "local out = {} for i, m in ipairs(ARGV) do out[i] = redis.call('SADD', KEYS[1], m) end return out"
 
 
 def _now_ms() -> int:

@@ -12,11 +12,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from pipeline.devstack import Stack
 from pipeline.kafka import topics_of
@@ -29,10 +31,9 @@ ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLO
         "TIERFLOW_ZH_MODEL": ""}
 
 
-@pytest.fixture
-def echo_processes(settings_factory: Callable[..., Settings]) -> Iterator[Settings]:
+@contextmanager
+def echo_pipeline(s: Settings) -> Iterator[Stack]:
     """Ingest and one echo worker per tier as real child processes (their own GILs, as in production)."""
-    s = settings_factory()
     stack = Stack(s)
     stack.start_agent("ingest", "ingest", env=ECHO)
     for tier in ("light", "heavy", "multimodal"):
@@ -40,9 +41,16 @@ def echo_processes(settings_factory: Callable[..., Settings]) -> Iterator[Settin
     try:
         wait_ready(s, ["light", "heavy", "multimodal"], timeout=120)
         time.sleep(2.0)
-        yield s
+        yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture
+def echo_processes(settings_factory: Callable[..., Settings]) -> Iterator[Settings]:
+    s = settings_factory()
+    with echo_pipeline(s):
+        yield s
 
 
 def cli(s: Settings, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -55,57 +63,103 @@ def p95(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=20)[-1]
 
 
-@pytest.mark.parametrize("guarded", [
-    False,
-    # The live-p95 comparison with the AIMD guard on: a long run, and on 2 shared cores not yet within 20%.
-    pytest.param(True, marks=pytest.mark.slow),
-])
-def test_replay_time_range_beside_live_traffic(echo_processes: Settings, tmp_path: Path, guarded: bool) -> None:
-    s = echo_processes
-    t = topics_of(s)
-    answers = reader(s, t.answers)
+LIVE_RATE = 500  # msg/s
+LEAD_S = 3.0  # live traffic before the replay starts (in production it is always there): the guard's baseline
 
-    # Record: 10,000 requests flow through the live pipeline once.
-    start_ms = int(time.time() * 1000) - 1
-    produce_all(s, t.requests, [orjson.dumps({"id": f"rec-{i}", "text": TEXTS[i % 4]}) for i in range(10_000)])
-    end_ms = int(time.time() * 1000) + 1
-    time.sleep(1.5)
-    produce_all(s, t.requests, [orjson.dumps({"id": f"late-{i}", "text": TEXTS[0]}) for i in range(100)])
-    drain(answers, lambda ms: len(ms) >= 10_100, timeout=120)
 
-    # Live latency without a replay ...
-    with Live(s, "base", 500) as base:
-        time.sleep(8)
-    # ... and while replaying the recorded range.
-    with Live(s, "during", 500) as during:
-        guard = [] if guarded else ["--max-live-slowdown", "0"]
-        out = cli(s, "replay", "--topic", t.requests, "--from", str(start_ms), "--to", str(end_ms), "--rate", "2500",
-                  *guard)
-        time.sleep(1)
-    assert "sent 10000" in out.stdout, out.stdout + out.stderr
-
-    got = values(drain(answers, lambda ms: sum(1 for v in values(ms) if v["replay"]) >= 10_000
-                       and len(ms) >= 10_000 + len(base.sent) + len(during.sent), timeout=180, settle=2.0))
-    replayed = Counter(a["request_id"] for a in got if a["replay"])
-    assert set(replayed) == {f"rec-{i}" for i in range(10_000)}  # the range, nothing from after it
-    assert max(replayed.values()) == 1
-    lat = {a["request_id"]: a["timings_ms"]["total"] for a in got if not a["replay"]}
-    p95_base = p95([lat[i] for i in base.sent if i in lat])
-    p95_during = p95([lat[i] for i in during.sent if i in lat])
-    assert all(i in lat for i in base.sent + during.sent)
-    print(f"live p95 without replay {p95_base:.1f} ms, during replay {p95_during:.1f} ms (guard {guarded})")
-    if guarded:
-        assert p95_during <= 1.2 * p95_base, (p95_base, p95_during)
-
-    # The same range again: the job is complete; a restarted job skips every answered id.
-    again = cli(s, "replay", "--topic", t.requests, "--from", str(start_ms), "--to", str(end_ms))
-    assert "sent 0" in again.stdout
-    forced = cli(s, "replay", "--topic", t.requests, "--from", str(start_ms), "--to", str(end_ms), "--restart")
-    assert "sent 0, skipped 10000" in forced.stdout
-    time.sleep(3)
-    extra = [a for a in values(drain(answers, lambda ms: False, timeout=3)) if a["replay"]]
-    assert extra == []
+def live_latency(s: Settings, live: Live, n_other: int) -> dict[str, float]:
+    """Total latency (ms) per live request id, from the answers topic (`n_other`: the replayed answers in it)."""
+    answers = reader(s, topics_of(s).answers)
+    got = values(drain(answers, lambda ms: len(ms) >= n_other + len(live.sent), timeout=180, settle=2.0))
     answers.close()
+    return {a["request_id"]: a["timings_ms"]["total"] for a in got if not a["replay"]}
+
+
+@pytest.mark.parametrize(("guarded", "strict"), [
+    (True, False),
+    # The live-p95 bound asserted: on the embedded broker live latency drifts by itself (tansu's log growth, see
+    # below) by as much as the bound within one replay, so this passes in some runs only (issue 7's notes).
+    pytest.param(True, True, marks=pytest.mark.slow),
+    # Without the live-latency guard: prints the comparison, for what the guard buys.
+    pytest.param(False, False, marks=pytest.mark.slow),
+])
+def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., Settings], guarded: bool,
+                                               strict: bool) -> None:
+    """10,000 recorded requests replayed beside 500 msg/s of live traffic: one replay-marked answer each, live
+    p95 within 20% of live p95 without a replay, and a second replay of the range answers nothing again.
+
+    The two p95s are measured A/B: the same live traffic, over the same span of pipeline age, on two
+    fresh pipelines of which one replays. On the embedded broker live latency creeps up the longer
+    traffic flows, replay or not (tansu's in-memory log makes a fetch cost time in proportion to the
+    record batches its partition holds; BENCHMARKS.md, "End-to-end pipeline"), so a no-replay window
+    taken before the replay would charge that creep to the replay.
+    """
+    # The recording: 10,000 requests answered once by a pipeline, then 100 more after the range.
+    s1 = settings_factory()
+    t1 = topics_of(s1)
+    with echo_pipeline(s1):
+        answers = reader(s1, t1.answers)
+        start_ms = int(time.time() * 1000) - 1
+        produce_all(s1, t1.requests, [orjson.dumps({"id": f"rec-{i}", "text": TEXTS[i % 4]}) for i in range(10_000)])
+        end_ms = int(time.time() * 1000) + 1
+        time.sleep(1.5)
+        produce_all(s1, t1.requests, [orjson.dumps({"id": f"late-{i}", "text": TEXTS[0]}) for i in range(100)])
+        drain(answers, lambda ms: len(ms) >= 10_100, timeout=120)
+        answers.close()
+
+    # B: a fresh pipeline, live traffic, and a replay of the recorded range.
+    s2 = settings_factory()
+    t2 = topics_of(s2)
+    r = redis.Redis.from_url(s2.redis)
+    replay = ["replay", "--topic", t1.requests, "--from", str(start_ms), "--to", str(end_ms)]
+    with echo_pipeline(s2):
+        with Live(s2, "during", LIVE_RATE) as during:
+            time.sleep(LEAD_S)
+            first, t0 = len(during.sent), time.monotonic()
+            out = cli(s2, *replay, "--rate", "2500", *([] if guarded else ["--max-live-slowdown", "0"]))
+            # The replay lasts until its last request is answered (workers note each in Redis first).
+            deadline = time.monotonic() + 120
+            while r.scard(f"{s2.redis_prefix}replay:answered") < 10_000 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            took = time.monotonic() - t0
+            time.sleep(1)
+            last = len(during.sent)
+        print(f"\nreplay of 10,000 answered in {took:.1f}s: {out.stdout.strip()}\n{out.stderr[-3000:]}")
+        assert "sent 10000" in out.stdout, out.stdout + out.stderr
+
+        answers = reader(s2, t2.answers)
+        got = values(drain(answers, lambda ms: sum(1 for v in values(ms) if v["replay"]) >= 10_000
+                           and len(ms) >= 10_000 + len(during.sent), timeout=180, settle=2.0))
+        replayed = Counter(a["request_id"] for a in got if a["replay"])
+        assert set(replayed) == {f"rec-{i}" for i in range(10_000)}  # the range, nothing from after it
+        assert max(replayed.values()) == 1
+
+        # The same range again: the job is complete; a restarted job skips every answered id.
+        again = cli(s2, *replay)
+        assert "sent 0" in again.stdout
+        forced = cli(s2, *replay, "--restart")
+        assert "sent 0, skipped 10000" in forced.stdout
+        time.sleep(3)
+        extra = [a for a in values(drain(answers, lambda ms: False, timeout=3)) if a["replay"]]
+        assert extra == []
+        answers.close()
+    lat_during = {a["request_id"]: a["timings_ms"]["total"] for a in got if not a["replay"]}
+
+    # A: another fresh pipeline, the same live traffic for as long, no replay.
+    s3 = settings_factory()
+    with echo_pipeline(s3):
+        with Live(s3, "base", LIVE_RATE) as base:
+            time.sleep(last / LIVE_RATE + 0.5)
+        lat_base = live_latency(s3, base, 0)
+
+    assert all(i in lat_base for i in base.sent) and all(i in lat_during for i in during.sent)
+    # The same span of live traffic in both: from the replay's start to a second after its last answer.
+    p95_base = p95([lat_base[i] for i in base.sent[first:last]])
+    p95_during = p95([lat_during[i] for i in during.sent[first:last]])
+    print(f"live p95 without replay {p95_base:.1f} ms, during replay {p95_during:.1f} ms "
+          f"({p95_during / p95_base - 1:+.0%}; replay of 10,000 took {took:.1f}s, guard {guarded})")
+    if strict:
+        assert p95_during <= 1.2 * p95_base, (p95_base, p95_during)
 
 
 def test_interrupted_replay_resumes(echo_processes: Settings, tmp_path: Path) -> None:
