@@ -121,11 +121,8 @@ def send(s: Settings, topic: str, n: int, rate: float | None, tag: str, with_id_
     return sent_at
 
 
-def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | None, timeout: float,
-            bare: bool = False) -> Run:
-    """Send n requests to `topic_in` and time their answers on `topic_out` (bare: one topic, both ways)."""
-    if bare:
-        topic_in = topic_out = topics_of(s).labels
+def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | None, timeout: float) -> Run:
+    """Send n requests to `topic_in` and time their answers on `topic_out`."""
     timer = AnswerTimer(s, topic_out).start()
     t0 = time.time()
     sent_at = send(s, topic_in, n, rate, uuid.uuid4().hex[:6])
@@ -134,6 +131,12 @@ def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | No
     done = [timer.read_at[k] for k in sent_at if k in timer.read_at]
     lat = [(timer.read_at[k] - t) * 1000 for k, t in sent_at.items() if k in timer.read_at]
     return Run(n, len(done), (max(done) - t0) if done else 0.0, lat)
+
+
+def measure_bare(s: Settings, n: int, rate: float | None, timeout: float) -> Run:
+    """The bare broker: n records produced to one topic and consumed back from it."""
+    topic = topics_of(s).labels
+    return measure(s, topic, topic, n, rate, timeout)
 
 
 def start_pipeline(s: Settings, env: dict[str, str], light_workers: int) -> tuple[Stack, dict[str, list[int]]]:
@@ -169,9 +172,10 @@ def main() -> None:
     with embedded_services() as base:
         # Each run on topics of its own: tansu's in-memory log slows down with the number of batches a
         # partition holds (see "Embedded broker" below), so a run must not inherit another's log.
-        bare_fixed = measure(fresh_topics(base), "", "", n_fixed, fixed_rate, 60, bare=True)
-        growth = [measure(s, "", "", n_fixed, fixed_rate, 60, bare=True) for s in [fresh_topics(base)] * 3]
-        bare_flat = measure(fresh_topics(base), "", "", n_flat, None, 120, bare=True)
+        bare_fixed = measure_bare(fresh_topics(base), n_fixed, fixed_rate, 60)
+        s = fresh_topics(base)  # one topic for the three windows: each adds to the same log
+        growth = [measure_bare(s, n_fixed, fixed_rate, 60) for _ in range(3)]
+        bare_flat = measure_bare(fresh_topics(base), n_flat, None, 120)
 
         # The pipeline with the echo model: the fixed load first, then flat out on fresh topics.
         s = fresh_topics(base)
