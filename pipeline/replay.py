@@ -614,7 +614,7 @@ class RateControl:
         return self.rate
 
 
-TierLatency = dict[str, tuple[float, float, int]]  # tier -> (live p95 ms, recent live p95 ms, recent answers)
+TierLatency = dict[str, tuple[float, int]]  # tier -> (recent live p95 ms, recent live answers)
 
 
 def read_live_latency(r: redis.Redis, prefix: str) -> tuple[TierLatency, float]:
@@ -626,8 +626,7 @@ def read_live_latency(r: redis.Redis, prefix: str) -> tuple[TierLatency, float]:
         if not beats:
             continue
         newest = max([newest, *(float(b.get("ts", 0.0)) for b in beats)])
-        out[tier] = (max(float(b.get("live_p95_ms", 0.0)) for b in beats),
-                     max(float(b.get("live_recent_p95_ms", 0.0)) for b in beats),
+        out[tier] = (max(float(b.get("live_recent_p95_ms", 0.0)) for b in beats),
                      min(int(b.get("live_recent_n", 0)) for b in beats))
     return out, newest
 
@@ -665,7 +664,7 @@ class LiveGuard:
         deadline = clock() + settle_s
         while True:
             latency, self._seen = self._read()
-            self.baseline = {t: recent for t, (_, recent, n) in latency.items() if recent > 0 and n >= min_answers}
+            self.baseline = self._measured(latency)
             if self.baseline or clock() >= deadline:
                 break
             sleep(0.25)
@@ -676,6 +675,10 @@ class LiveGuard:
         self.probe_after, self._stuck, self.probes = probe_after, 0, 0
         self._probe_until: float | None = None
         self._sleep = sleep
+
+    def _measured(self, latency: TierLatency) -> dict[str, float]:
+        """The tiers' recent live p95s that rest on enough answers to count."""
+        return {t: recent for t, (recent, n) in latency.items() if recent > 0 and n >= self.min_answers}
 
     def _read(self) -> tuple[TierLatency, float]:
         try:
@@ -708,7 +711,7 @@ class LiveGuard:
         if newest <= self._seen:  # no heartbeat since the last reading: nothing new to act on
             return self.control.rate
         self._seen = newest
-        slow = any(recent > self.limit(t) for t, (_, recent, n) in latency.items()
+        slow = any(recent > self.limit(t) for t, (recent, n) in latency.items()
                    if t in self.baseline and n >= self.min_answers)
         settled = now - self._changed_at >= self.horizon_s
         if not settled and (not slow or self._cut):
@@ -724,14 +727,14 @@ class LiveGuard:
         if slow:
             self.cuts += 1
             log.info("replay: live p95 %s ms over its limit; replay rate %.0f -> %.0f msg/s",
-                     {t: round(v[1]) for t, v in latency.items() if t in self.baseline}, self.control.rate,
+                     {t: round(v[0]) for t, v in latency.items() if t in self.baseline}, self.control.rate,
                      max(self.control.floor, self.control.rate * self.control.backoff))
         self._changed_at, self._cut = now, slow
         return self.control.update(slow)
 
     def _rebaseline(self, now: float) -> float:
         latency, self._seen = self._read()
-        fresh = {t: recent for t, (_, recent, n) in latency.items() if recent > 0 and n >= self.min_answers}
+        fresh = self._measured(latency)
         log.info("replay: live p95 without the replay now %s ms (baseline was %s ms)",
                  {t: round(v) for t, v in fresh.items()}, {t: round(v) for t, v in self.baseline.items()})
         self.baseline.update(fresh)

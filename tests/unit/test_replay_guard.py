@@ -89,7 +89,7 @@ def make_guard(beats: Beats, clock: Clock, settle_s: float = 3.0) -> LiveGuard:
 
 def test_guard_changes_the_rate_once_per_signal_horizon_and_cuts_at_once_after_a_rise() -> None:
     clock = Clock()
-    beats = Beats({"light": (40.0, 40.0, 500), "heavy": (50.0, 50.0, 100)})
+    beats = Beats({"light": (40.0, 500), "heavy": (50.0, 100)})
     guard = make_guard(beats, clock)
     assert guard.baseline == {"light": 40.0, "heavy": 50.0}
     clock.t += 0.5
@@ -97,13 +97,13 @@ def test_guard_changes_the_rate_once_per_signal_horizon_and_cuts_at_once_after_a
     clock.t += 1.5
     assert guard.rate() == 300.0  # a horizon at 200 msg/s and live held: grow by half
     clock.t += 0.5
-    beats.latency["heavy"] = (50.0, 70.0, 100)  # heavy's recent p95 40% over its baseline
+    beats.latency["heavy"] = (70.0, 100)  # heavy's recent p95 40% over its baseline
     assert guard.rate() == 150.0  # a cut needs no wait after a rise
     clock.t += 0.5
     assert guard.rate() == 150.0  # still slow, but the signal is older than the cut: hold
     clock.t += 1.6
     assert guard.rate() == 75.0  # a horizon later and still slow: cut again
-    beats.latency["heavy"] = (50.0, 52.0, 100)  # within 15% (and the slack) again
+    beats.latency["heavy"] = (52.0, 100)  # within 15% (and the slack) again
     clock.t += 0.5
     assert guard.rate() == 75.0
     clock.t += 1.5
@@ -113,9 +113,9 @@ def test_guard_changes_the_rate_once_per_signal_horizon_and_cuts_at_once_after_a
 
 def test_guard_pauses_to_rebaseline_when_live_latency_stays_high_after_cuts() -> None:
     clock = Clock()
-    beats = Beats({"light": (40.0, 40.0, 500)})
+    beats = Beats({"light": (40.0, 500)})
     guard = make_guard(beats, clock)
-    beats.latency["light"] = (40.0, 80.0, 500)  # live twice as slow, and it stays so: a drift, or the replay?
+    beats.latency["light"] = (80.0, 500)  # live twice as slow, and it stays so: a drift, or the replay?
     clock.t += 2.0
     assert guard.rate() == 100.0  # cut
     clock.t += 2.0
@@ -124,7 +124,7 @@ def test_guard_pauses_to_rebaseline_when_live_latency_stays_high_after_cuts() ->
     assert guard.rate() == 0.0  # and again no better: pause the replay and look at live latency alone
     clock.t += 1.0
     assert guard.rate() == 0.0
-    beats.latency["light"] = (60.0, 78.0, 500)  # without the replay live is as slow: that is today's baseline
+    beats.latency["light"] = (78.0, 500)  # without the replay live is as slow: that is today's baseline
     clock.t += 1.6
     assert guard.rate() == 50.0 and guard.baseline == {"light": 78.0} and guard.probes == 1
     clock.t += 2.0
@@ -133,7 +133,7 @@ def test_guard_pauses_to_rebaseline_when_live_latency_stays_high_after_cuts() ->
 
 def test_guard_wait_rate_sleeps_out_a_pause() -> None:
     clock = Clock()
-    beats = Beats({"light": (40.0, 40.0, 500)})
+    beats = Beats({"light": (40.0, 500)})
     guard = make_guard(beats, clock)
     guard._probe_until = clock() + 2.5
     assert guard.wait_rate() == 200.0 and clock() >= guard._checked
@@ -141,22 +141,22 @@ def test_guard_wait_rate_sleeps_out_a_pause() -> None:
 
 def test_guard_acts_only_on_new_heartbeats_and_ignores_tiers_without_live_answers() -> None:
     clock = Clock()
-    beats = Beats({"light": (40.0, 40.0, 500), "multimodal": (0.0, 0.0, 0)})
+    beats = Beats({"light": (40.0, 500), "multimodal": (0.0, 0)})
     guard = make_guard(beats, clock)
     assert set(guard.baseline) == {"light"}
     beats.fresh = False
     clock.t += 2.0
     assert guard.rate() == 200.0  # the same beat again: no news, no change
     beats.fresh = True
-    beats.latency["light"] = (40.0, 42.0, 3)  # too few answers for a p95: no verdict against the replay
-    beats.latency["multimodal"] = (0.0, 900.0, 50)  # no baseline: not judged
+    beats.latency["light"] = (42.0, 3)  # too few answers for a p95: no verdict against the replay
+    beats.latency["multimodal"] = (900.0, 50)  # no baseline: not judged
     clock.t += 0.5
     assert guard.rate() == 300.0
 
 
 def test_guard_without_live_traffic_waits_for_it_briefly_then_lets_the_replay_run() -> None:
     clock = Clock()
-    beats = Beats({"light": (0.0, 0.0, 0)})
+    beats = Beats({"light": (0.0, 0)})
     t0 = clock()
     guard = make_guard(beats, clock, settle_s=3.0)
     assert guard.baseline == {} and clock() - t0 >= 3.0
@@ -168,13 +168,13 @@ def test_guard_without_live_traffic_waits_for_it_briefly_then_lets_the_replay_ru
 
 def test_guard_takes_the_baseline_once_live_answers_show_up() -> None:
     clock = Clock()
-    beats = Beats({"light": (0.0, 0.0, 0)})
+    beats = Beats({"light": (0.0, 0)})
     calls = {"n": 0}
 
     def read() -> tuple[TierLatency, float]:
         calls["n"] += 1
         if calls["n"] == 3:  # live traffic began a moment ago
-            beats.latency["light"] = (45.0, 45.0, 200)
+            beats.latency["light"] = (45.0, 200)
         return beats()
 
     guard = LiveGuard(read, 1.15, None, clock=clock, sleep=clock.sleep)
