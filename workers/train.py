@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.errors import ConfigError
 from workers.models.charngram import CharNgramClassifier, FeatureConfig, Featurizer, SparseRows
 from workers.models.common import LATEST, MANIFEST, FloatArray
 
@@ -59,17 +60,29 @@ class Dataset:
         return Dataset([self.texts[i] for i in idx], [self.labels[i] for i in idx])
 
 
-def read_csv(path: Path) -> Dataset:
-    """A `text,category` CSV (header required; other columns ignored; blank rows skipped)."""
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"text", "category"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}; need text,category")
-        rows = [(r["text"].strip(), r["category"].strip()) for r in reader]
+EXPECTED_CSV = "expected a CSV with columns text,category"
+
+
+def read_csv(path: Path, flag: str = "--data") -> Dataset:
+    """A `text,category` CSV (header required; other columns ignored; blank rows skipped).
+
+    ConfigError, one line naming `flag` and the path, when it is missing, unreadable or not such a CSV.
+    """
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = {"text", "category"} - set(reader.fieldnames or ())
+            if missing:
+                raise ConfigError(f"{flag} {path}: no column {', '.join(sorted(missing))} ({EXPECTED_CSV})")
+            rows = [(r["text"].strip(), r["category"].strip()) for r in reader]
+    except FileNotFoundError:
+        raise ConfigError(f"{flag} {path}: no such file ({EXPECTED_CSV})") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{flag} {path}: cannot read it: {getattr(e, 'strerror', None) or e} "
+                          f"({EXPECTED_CSV})") from None
     rows = [(t, c) for t, c in rows if t and c]
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise ConfigError(f"{flag} {path}: no rows with both text and category ({EXPECTED_CSV})")
     return Dataset([t for t, _ in rows], [c for _, c in rows])
 
 
@@ -519,23 +532,26 @@ def train(
     unknown = set(cfg.models) - set(MODELS)
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(sorted(unknown))}; known: {', '.join(MODELS)}")
+    # read before importing torch (seconds): a wrong path is reported at once
+    data = read_csv(data_csv, "--data")
+    test_data = read_csv(test_csv, "--test") if test_csv is not None else None
     import torch
 
     # one thread: L-BFGS and the fine-tune then sum in a fixed order, so weights are reproducible
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(data_csv, out_dir, test_csv, cfg)
+        return _train(data, data_csv, out_dir, test_data, test_csv, cfg)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(data_csv: Path, out_dir: Path, test_csv: Path | None, cfg: TrainConfig) -> TrainReport:
+def _train(data: Dataset, data_csv: Path, out_dir: Path, given_test: Dataset | None, test_csv: Path | None,
+           cfg: TrainConfig) -> TrainReport:
     from workers.models.encoder import fuse
 
-    data = read_csv(data_csv)
-    if test_csv is not None:
-        train_data, test_data, test_source = data, read_csv(test_csv), test_csv.name
+    if given_test is not None and test_csv is not None:
+        train_data, test_data, test_source = data, given_test, test_csv.name
     else:
         kept, held = stratified_split(data.labels, cfg.test_fraction, cfg.seed)
         train_data, test_data = data.subset(kept), data.subset(held)

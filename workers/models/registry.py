@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, cast
 
+from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from pipeline.topics import Tier
 from workers.model import ByScript, InferenceModel
@@ -29,10 +30,8 @@ class _Factory(Protocol):
 
 def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
     """Instantiate backend `name` for `tier` (not yet set up)."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown model backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
+    _check_name(name, _variable_of(name, settings, tier))
+    target = BACKENDS[name]
     module, _, cls = target.partition(":")
     factory = cast(_Factory, getattr(importlib.import_module(module), cls))
     return factory.from_settings(settings, tier)
@@ -42,6 +41,9 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
     """The model a tier's workers run: its main backend, with the multilingual one for Chinese text."""
     main_name = {Tier.LIGHT: settings.light_model, Tier.HEAVY: settings.heavy_model,
                  Tier.MULTIMODAL: settings.multimodal_model}[tier]
+    _check_name(main_name, f"TIERFLOW_{tier.value.upper()}_MODEL")
+    if settings.zh_model and main_name not in ("echo", "http"):
+        _check_name(settings.zh_model, "TIERFLOW_ZH_MODEL")  # before the main model spends time loading
     main = build(main_name, settings, tier)
     if tier is Tier.MULTIMODAL or main_name in ("echo", "http") or not settings.zh_model:
         model = main
@@ -52,3 +54,16 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
 
         model = with_generator(model, settings)
     return model
+
+
+def _check_name(name: str, variable: str | None) -> None:
+    if name not in BACKENDS:
+        given = f"{variable}={name!r}" if variable else f"model backend {name!r}"
+        raise ConfigError(f"{given}: expected one of {', '.join(sorted(BACKENDS))}")
+
+
+def _variable_of(name: str, settings: Settings, tier: Tier) -> str | None:
+    """The setting that chose backend `name` for `tier`, for an error message."""
+    if getattr(settings, f"{tier.value}_model", None) == name:
+        return f"TIERFLOW_{tier.value.upper()}_MODEL"
+    return "TIERFLOW_ZH_MODEL" if settings.zh_model == name else None
