@@ -1,0 +1,192 @@
+"""A real Prometheus scrapes `tierflow up --metrics-port BASE`: one /metrics port per agent, every target up.
+
+`tierflow up --metrics-port BASE` gives ingest BASE, worker-light BASE+1, worker-heavy BASE+2, worker-multimodal
+BASE+3 and feedback BASE+4, and says so in its banner. This test runs `tierflow up` (echo models, against the
+session's broker and Redis) as an operator would, points a Prometheus server (Debian's `prometheus` package:
+`make tools` installs it where it can) at the five ports, sends a few requests and asks Prometheus, through its
+HTTP API, whether every target is up and whether ingest's request counter arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.answers import AnswerReader
+from pipeline.devstack import AGENTS, Proc, Stack, free_port, port_open
+from pipeline.kafka import topics_of
+from pipeline.settings import Settings
+from tests.faults.harness import ECHO, request
+from tests.integration.helpers import produce_all
+
+pytestmark = pytest.mark.integration
+
+JOBS = [name for name, _ in AGENTS]  # ingest, worker-light, worker-heavy, worker-multimodal, feedback
+UP_READY_TIMEOUT_S = 180.0
+SCRAPE_TIMEOUT_S = 60.0
+N_REQUESTS = 8
+
+
+def prometheus_binary() -> str | None:
+    found = shutil.which("prometheus")
+    if found:
+        return found
+    return "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
+
+
+def free_port_run(n: int, tries: int = 50) -> int:
+    """A port BASE with BASE .. BASE+n-1 all free on 127.0.0.1 right now."""
+    for _ in range(tries):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        ok = True
+        for port in range(base, base + n):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no run of {n} free ports found in {tries} tries")
+
+
+def api(port: int, path: str, **params: str) -> dict[str, Any]:
+    """GET Prometheus' HTTP API; its JSON answer (status "success" checked by the caller)."""
+    url = f"http://127.0.0.1:{port}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        data: dict[str, Any] = json.loads(resp.read())
+    return data
+
+
+def wait_for_line(proc: Proc, needle: str, timeout_s: float) -> str:
+    """Until `needle` is in the process' output (its log file); that output. Fails if it exits first."""
+    assert proc.log_path is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+        if needle in text:
+            return text
+        if proc.popen.poll() is not None:
+            pytest.fail(f"{proc.name} exited ({proc.popen.returncode}) before printing {needle!r}:\n{text[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{proc.name} did not print {needle!r} within {timeout_s:.0f} s:\n{text[-4000:]}")
+        time.sleep(0.2)
+
+
+def prometheus_config(path: Path, ports: dict[str, int]) -> Path:
+    jobs = "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+                   for job, port in ports.items())
+    path.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+                    f"scrape_configs:\n{jobs}")
+    return path
+
+
+def test_prometheus_scrapes_every_agent_of_tierflow_up(settings_factory: Callable[..., Settings],
+                                                       tmp_path: Path) -> None:
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.skip("Prometheus not installed (apt-get install prometheus)")
+    s = settings_factory(data_dir=tmp_path / "up")
+    base = free_port_run(len(JOBS))
+    ports = {job: base + i for i, job in enumerate(JOBS)}
+    stack = Stack(s)
+    try:
+        t0 = time.monotonic()
+        # The heavy worker on CPU without asking torch for a GPU: importing torch costs it 10-25 s of start here.
+        up = stack.start_agent("up", "up", "--metrics-port", str(base),
+                               env={**ECHO, "TIERFLOW_HEAVY_DEVICE": "cpu", "TIERFLOW_DATA_DIR": str(s.data_dir),
+                                    "TIERFLOW_METRICS_PORT": None})
+        banner = wait_for_line(up, "tierflow is up", UP_READY_TIMEOUT_S)
+        up_s = time.monotonic() - t0
+        metrics_line = next((ln for ln in banner.splitlines() if ln.strip().startswith("metrics ")), "")
+        assert dict(re.findall(r"([\w-]+) :(\d+)", metrics_line)) == {j: str(p) for j, p in ports.items()}, banner
+        for job, port in ports.items():
+            assert port_open("127.0.0.1", port), f"{job}: nothing listens on :{port} after the banner\n{banner}"
+
+        prom_port = free_port()
+        config = prometheus_config(tmp_path / "prometheus.yml", ports)
+        prom = stack.spawn("prometheus", [binary, f"--config.file={config}",
+                                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                          f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if prom.popen.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"Prometheus not ready (exit {prom.popen.poll()}):\n{stack.tail('prometheus', 30)}")
+            time.sleep(0.2)
+
+        reader = AnswerReader(s, from_beginning=True)
+        ids = [f"prom-{i}" for i in range(N_REQUESTS)]
+        produce_all(s, topics_of(s).requests, [request(rid, "heavy" if i == 0 else "light")
+                                               for i, rid in enumerate(ids)], keys=ids)
+        answered: set[str] = set()
+        try:
+            deadline = time.monotonic() + 60
+            while answered < set(ids) and time.monotonic() < deadline:
+                answered |= {str(a["request_id"]) for a in reader.poll(0.5)}
+        finally:
+            reader.close()
+        assert answered == set(ids), f"{len(answered)} of {N_REQUESTS} answered:\n{stack.tail('up', 30)}"
+
+        # Prometheus' own view, until every target is up and ingest's counter has every request (1 s scrapes).
+        t_scrape = time.monotonic()
+        targets: list[dict[str, Any]] = []
+        up_values: dict[str, str] = {}
+        requests_by_job: dict[str, float] = {}
+        answers_by_job: dict[str, float] = {}
+        while time.monotonic() - t_scrape < SCRAPE_TIMEOUT_S:
+            try:
+                targets = api(prom_port, "/api/v1/targets")["data"]["activeTargets"]
+                up_values = {r["metric"]["job"]: r["value"][1]
+                             for r in api(prom_port, "/api/v1/query", query="up")["data"]["result"]}
+                requests_by_job = {r["metric"].get("job", "?"): float(r["value"][1]) for r in
+                                   api(prom_port, "/api/v1/query",
+                                       query="sum by (job) (tierflow_requests_total)")["data"]["result"]}
+                answers_by_job = {r["metric"].get("job", "?"): float(r["value"][1]) for r in
+                                  api(prom_port, "/api/v1/query",
+                                      query="sum by (job) (tierflow_answers_total)")["data"]["result"]}
+            except (urllib.error.URLError, OSError, KeyError, ValueError):
+                pass
+            healthy = {t["labels"]["job"] for t in targets if t["health"] == "up"}
+            if healthy == set(JOBS) and all(up_values.get(j) == "1" for j in JOBS) \
+                    and requests_by_job.get("ingest", 0) >= N_REQUESTS \
+                    and sum(answers_by_job.values()) >= N_REQUESTS:
+                break
+            time.sleep(0.5)
+        scrape_s = time.monotonic() - t_scrape
+
+        why = "\n".join(f"{t['labels']['job']} {t['scrapeUrl']}: {t['health']} {t['lastError']}" for t in targets)
+        assert sorted(t["labels"]["job"] for t in targets) == sorted(JOBS), why
+        for t in targets:
+            assert t["health"] == "up", why
+            assert t["scrapeUrl"] == f"http://127.0.0.1:{ports[t['labels']['job']]}/metrics", why
+        assert up_values == {j: "1" for j in JOBS}, up_values
+        # Ingest counted every request, and only ingest's port serves that counter: the ports are not crossed.
+        assert requests_by_job.get("ingest", 0) >= N_REQUESTS, requests_by_job
+        assert set(requests_by_job) == {"ingest"}, requests_by_job
+        assert set(answers_by_job) <= {"worker-light", "worker-heavy", "worker-multimodal"}, answers_by_job
+        assert answers_by_job.get("worker-light", 0) >= N_REQUESTS - 1, answers_by_job
+        print(f"tierflow up ready in {up_s:.1f} s; Prometheus saw all {len(JOBS)} targets up and "
+              f"tierflow_requests_total={requests_by_job['ingest']:.0f} in {scrape_s:.1f} s")
+    finally:
+        stack.stop(timeout=20)
