@@ -7,14 +7,12 @@ way to consume answers exactly once.
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 
 import orjson
-from confluent_kafka import Consumer
 
-from pipeline.kafka import make_consumer, topics_of
+from pipeline.kafka import Tail, topics_of
 from pipeline.settings import Settings
 
 
@@ -37,36 +35,40 @@ class Deduper:
 
 
 class AnswerReader:
-    """Iterate over answers (dicts of schemas/answer.v1.json), each request id once."""
+    """Answers (dicts of schemas/answer.v1.json), each request id once, from positions taken when it is made.
 
-    def __init__(self, settings: Settings, group: str | None = None, from_beginning: bool = True,
-                 dedupe: bool = True) -> None:
-        self.topic = topics_of(settings).answers
-        self.consumer: Consumer = make_consumer(
-            settings, group or f"tierflow-answers-{uuid.uuid4().hex[:8]}",
-            **{"auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": True,
-               "enable.auto.offset.store": True},
-        )
-        self.consumer.subscribe([self.topic])
+    `from_beginning=False` starts at the topic's end offsets *now*: make the reader, then send, and no answer
+    can slip past it. No consumer group is joined or left behind (pipeline.kafka.Tail).
+    """
+
+    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:
+        self.tail = Tail(settings, topics_of(settings).answers, "beginning" if from_beginning else "end")
         self.deduper = Deduper() if dedupe else None
 
     def poll(self, timeout: float = 0.5, max_records: int = 500) -> list[dict[str, object]]:
         out = []
-        for msg in self.consumer.consume(max_records, timeout):
+        for msg in self.tail.poll(timeout, max_records):
             value = msg.value()
-            if msg.error() is not None or value is None:
+            if value is None:
                 continue
             try:
                 ans = orjson.loads(value)
             except orjson.JSONDecodeError:
                 continue
+            if not isinstance(ans, dict):
+                continue
             if self.deduper is None or self.deduper.first(str(ans.get("request_id"))):
                 out.append(ans)
         return out
+
+    @property
+    def caught_up(self) -> bool:
+        """True once every answer that existed when the reader was made has been read."""
+        return self.tail.caught_up
 
     def __iter__(self) -> Iterator[dict[str, object]]:
         while True:
             yield from self.poll()
 
     def close(self) -> None:
-        self.consumer.close()
+        self.tail.close()

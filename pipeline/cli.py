@@ -9,6 +9,7 @@ import logging
 import mimetypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
-from pipeline.settings import Settings, get_settings
+from pipeline.settings import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, Settings, get_settings
 
 log = logging.getLogger("tierflow")
 
@@ -119,10 +120,11 @@ def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     from workers.models.registry import tier_model
     from workers.runner import Worker, resolve_device
 
+    model = tier_model(s, tier)  # a wrong model name is said before the broker is dialled
     check_reachable(s.bootstrap, "Kafka")
     metrics.serve(s.metrics_port)
     requested = device or getattr(s, f"{tier.value}_device")
-    worker = Worker(s, tier, tier_model(s, tier), resolve_device(requested, tier))
+    worker = Worker(s, tier, model, resolve_device(requested, tier))
     _stop_on_signals(worker.stop)
     worker.run()
     return 0
@@ -142,6 +144,7 @@ def _worker_pool(args: argparse.Namespace, s: Settings, tier: Any) -> int:
         env = dict(os.environ)
         if s.metrics_port is not None:
             env["TIERFLOW_METRICS_PORT"] = str(s.metrics_port + i)
+        env["TIERFLOW_WORKER_ID"] = f"{s.worker_id or socket.gethostname()}-{i}"  # a stable transactional id each
         procs.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
 
     def stop() -> None:
@@ -161,45 +164,116 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from pipeline.devstack import AGENTS, running_stack
+    from pipeline.devstack import AGENTS, running_stack, wait_agents_ready
 
     s = _settings(args)
+    if args.data is not None:
+        s = s.model_copy(update={"data_dir": args.data, "embedded_durable": True})
     _setup_logging(s)
     stopping = threading.Event()
     _stop_on_signals(stopping.set)
-    with running_stack(s) as stack:
-        _print_endpoints(s, stack.log_dir)
+    ports = agent_metrics_ports(s.metrics_port)
+    failure: str | None = None
+    with running_stack(s, metrics_ports=ports) as stack:
+        s = stack.settings
+        print(f"tierflow: starting ({_stack_line(s)}); logs {stack.log_dir}/", flush=True)
+        took = wait_agents_ready(stack, stopping)
+        if took is None:  # stopped, or an agent died while starting: said below
+            failure = _dead_agent(stack) if not stopping.is_set() else None
+            stopping.set()
+        else:
+            _print_endpoints(s, stack.log_dir, ports, took)
         restarts: dict[str, list[float]] = {}
         agents = dict(AGENTS)
         while not stopping.wait(0.5):
             for p in stack.dead():
                 if p.name not in agents:
-                    print(f"tierflow up: {p.name} exited ({p.popen.returncode}); stopping", file=sys.stderr)
+                    failure = f"{p.name} exited ({p.popen.returncode}): {last_error_line(stack.tail(p.name, 50))}"
                     stopping.set()
                     break
                 recent = [t for t in restarts.get(p.name, []) if time.monotonic() - t < 60]
                 if len(recent) >= 5:
-                    print(f"tierflow up: {p.name} keeps crashing; see {p.log_path}", file=sys.stderr)
+                    failure = (f"{p.name} keeps crashing ({len(recent) + 1} exits within a minute): "
+                               f"{last_error_line(stack.tail(p.name, 50))}; log {p.log_path}")
                     stopping.set()
                     break
-                print(f"tierflow up: {p.name} exited ({p.popen.returncode}); restarting", file=sys.stderr)
+                print(f"tierflow up: {p.name} exited ({p.popen.returncode}): "
+                      f"{last_error_line(stack.tail(p.name, 50))}; restarting", file=sys.stderr)
                 stack.procs.remove(p)
-                stack.start_agent(p.name, *agents[p.name])
+                stack.start_agent(p.name, *agents[p.name], env=_metrics_env(ports, p.name))
                 restarts[p.name] = [*recent, time.monotonic()]
         print("tierflow up: stopping ...", file=sys.stderr)
+    if failure:
+        print(f"tierflow up: {failure}", file=sys.stderr)
+        return 1
     print("tierflow up: stopped", file=sys.stderr)
     return 0
 
 
-def _print_endpoints(s: Settings, log_dir: Path) -> None:
+def agent_metrics_ports(base: int | None) -> dict[str, int]:
+    """Each agent of `tierflow up` its own /metrics port: `base`, `base`+1, ... in AGENTS order."""
+    from pipeline.devstack import AGENTS
+
+    return {} if base is None else {name: base + i for i, (name, _) in enumerate(AGENTS)}
+
+
+def _metrics_env(ports: dict[str, int], name: str) -> dict[str, str | None]:
+    return {"TIERFLOW_METRICS_PORT": str(ports[name]) if name in ports else None}
+
+
+def _dead_agent(stack: Any) -> str:
+    dead = stack.dead()
+    if not dead:
+        return "agents not ready"
+    p = dead[0]
+    return f"{p.name} exited ({p.popen.returncode}) while starting: {last_error_line(stack.tail(p.name, 50))}"
+
+
+def last_error_line(log_text: str) -> str:
+    """The line of a child's log that says why it stopped: the last error line, else its last line."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error:" in ln or "Exception" in ln or " ERROR " in ln or "tierflow " in ln:
+            return ln
+    return lines[-1] if lines else "(no output)"
+
+
+def _stack_line(s: Settings) -> str:
+    from pipeline.brokers import embedded_broker
     from pipeline.logs import scrub
 
-    kafka = s.bootstrap + ("  (embedded tansu)" if s.embedded_kafka else "")
-    rds = scrub(s.redis) + ("  (embedded valkey)" if s.embedded_redis else "")
-    print(f"tierflow is up\n  kafka   {kafka}\n  redis   {rds}\n  logs    {log_dir}/\n"
-          f"  topics  {s.topic_prefix}*\n"
-          f"  try:    TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis)} "
-          "tierflow send 'my card has not arrived' --wait\n  Ctrl-C stops everything.", flush=True)
+    kafka = f"kafka {s.bootstrap}" + (f" (embedded {embedded_broker(s.embedded_broker).label})"
+                                      if s.embedded_kafka else "")
+    return f"{kafka}, redis {scrub(s.redis)}" + (" (embedded valkey)" if s.embedded_redis else "")
+
+
+def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
+    from pipeline.brokers import embedded_broker
+    from pipeline.logs import scrub
+
+    lines = ["tierflow is up"]
+    if s.embedded_kafka:
+        b = embedded_broker(s.embedded_broker)
+        keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded_durable else \
+            "log starts empty each time (--data DIR keeps it)"
+        lines.append(f"  kafka   {s.bootstrap}  (embedded {b.label}; {keep})")
+        if s.topic_retention_ms is not None:
+            bound = f"{s.topic_retention_ms / 1000:.0f} s"
+            if s.topic_retention_bytes is not None:
+                bound += f" or {s.topic_retention_bytes // (1024 * 1024)} MiB per partition"
+            lines.append(f"          topics keep {bound}")
+    else:
+        lines.append(f"  kafka   {s.bootstrap}")
+    lines.append(f"  redis   {scrub(s.redis)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
+    lines.append("  agents  " + ", ".join(f"{n} {t:.1f}s" for n, t in took.items()) + " to ready")
+    if ports:
+        lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
+    lines += [f"  logs    {log_dir}/", f"  topics  {s.topic_prefix}*"]
+    env = "" if (s.kafka_port, s.redis_port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.embedded_kafka \
+        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis)} "
+    lines.append(f"  try:    {env}tierflow send 'where is my order?' --wait")
+    lines.append("  Ctrl-C stops everything.")
+    print("\n".join(lines), flush=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -210,7 +284,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from pipeline.contracts import dumps
-    from pipeline.kafka import check_reachable, make_producer, topics_of
+    from pipeline.kafka import DeliveryTracker, check_reachable, make_producer, topics_of
 
     s = _settings(args)
     check_reachable(s.bootstrap, "Kafka")
@@ -225,6 +299,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         req["label"] = args.label
     if args.image:
         path = Path(args.image)
+        if not path.is_file():
+            raise ConfigError(f"--image {args.image}: no such file (expected a PNG, JPEG or WebP image)")
         mime = mimetypes.guess_type(path.name)[0] or "image/png"
         req["image"] = {"data": base64.b64encode(path.read_bytes()).decode(), "mime": mime}
     if "text" not in req and "image" not in req:
@@ -233,24 +309,31 @@ def cmd_send(args: argparse.Namespace) -> int:
     if args.wait:
         from pipeline.answers import AnswerReader
 
+        # Positions first, then the request: an answer however fast cannot slip past the reader.
         reader = AnswerReader(s, from_beginning=False)
-        reader.poll(1.0)  # join the group before sending, so the answer is not missed
-    producer = make_producer(s)
-    producer.produce(topics_of(s).requests, dumps(req), key=req.get("user_id") or req["id"])
-    producer.flush(10)
-    print(f"sent {req['id']}")
-    if reader is None:
-        return 0
-    deadline = time.monotonic() + args.timeout
     try:
+        delivery = DeliveryTracker()
+        ack_conf: dict[str, Any] = {"message.timeout.ms": int(args.ack_timeout * 1000)}
+        producer = make_producer(s, **ack_conf)
+        producer.produce(topics_of(s).requests, dumps(req), key=req.get("user_id") or req["id"], on_delivery=delivery)
+        left = producer.flush(args.ack_timeout + 1)
+        if left or delivery.failed:
+            why = "; ".join(delivery.errors) or f"no acknowledgement within {args.ack_timeout:.0f}s"
+            raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.bootstrap}: {why}")
+        print(f"sent {req['id']}", flush=True)
+        if reader is None:
+            return 0
+        deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
-            for ans in reader.poll(0.5):
+            for ans in reader.poll(0.2):
                 if ans.get("request_id") == req["id"]:
                     print(json.dumps(ans, ensure_ascii=False, indent=2))
                     return 0
     finally:
-        reader.close()
-    print(f"no answer for {req['id']} within {args.timeout:.0f}s", file=sys.stderr)
+        if reader is not None:
+            reader.close()
+    print(f"tierflow send: no answer for {req['id']} within {args.timeout:.0f}s (is `tierflow up` running? "
+          "`tierflow status` shows the workers)", file=sys.stderr)
     return 1
 
 
@@ -266,20 +349,26 @@ def cmd_answers(args: argparse.Namespace) -> int:
     idle_since = time.monotonic()
     try:
         while not stopping.is_set():
-            batch = reader.poll(0.5)
+            batch = reader.poll(0.2)
             if batch:
                 idle_since = time.monotonic()
             for ans in batch:
                 if args.json:
                     print(json.dumps(ans, ensure_ascii=False), flush=True)
                 else:
-                    print(f"{ans['request_id']:<20} {ans['tier']:<10} {ans['intent']:<28} "
-                          f"{ans['timings_ms']['total']:>6}ms  {ans['answer']}", flush=True)  # type: ignore[index]
-            if not args.follow and time.monotonic() - idle_since > args.idle:
+                    print(_answer_line(ans), flush=True)
+            # Without --follow: what existed when the command started, then (--idle) a little more.
+            if not args.follow and reader.caught_up and time.monotonic() - idle_since >= args.idle:
                 break
     finally:
         reader.close()
     return 0
+
+
+def _answer_line(ans: dict[str, Any]) -> str:
+    timings = ans.get("timings_ms") or {}
+    return (f"{ans.get('request_id')!s:<20} {ans.get('tier')!s:<10} {ans.get('intent')!s:<28} "
+            f"{timings.get('total', '?')!s:>6}ms  {ans.get('answer')}")
 
 
 def cmd_thresholds(args: argparse.Namespace) -> int:
@@ -384,7 +473,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.kafka import check_reachable
+    from pipeline.kafka import Tail, check_reachable, topics_of
     from pipeline.replay import (
         FileSource,
         Replayer,
@@ -415,15 +504,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError("give --file PATH or --topic NAME")
     job = args.job or job_name(source, start=args.start, end=args.end, so=args.start_offsets,
                                eo=args.end_offsets, pin=args.pin_thresholds, shadow=args.shadow, limit=args.limit)
+    # The results reader takes its positions before the first record is sent: no result can slip past it.
+    results = Tail(s, topics_of(s).results, "end") if args.wait else None
     summary = Replayer(s).run(source, job=job, rate=args.rate, limit=args.limit, pin_thresholds=args.pin_thresholds,
                               shadow=args.shadow, force=args.force, restart=args.restart,
                               progress=sys.stderr.isatty(),
                               max_live_slowdown=None if args.max_live_slowdown <= 0 else args.max_live_slowdown)
     print(summary.line())
-    if args.wait and summary.ids:
-        results = wait_for_results(s, set(summary.ids), args.wait, args.shadow)
-        print(f"{len(results)} results for {len(summary.ids)} replayed requests")
-        print(accuracy_table(results))
+    if results is not None:
+        if not summary.ids:
+            results.close()
+            return 0
+        got = wait_for_results(results, set(summary.ids), args.wait, args.shadow)
+        print(f"{len(got)} results for {len(summary.ids)} replayed requests")
+        print(accuracy_table(got))
     return 0
 
 
@@ -497,6 +591,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("up", cmd_up, "Start the pipeline: embedded broker and Redis (unless TIERFLOW_KAFKA_BOOTSTRAP / "
                            "TIERFLOW_REDIS_URL are set), topics, ingest, one worker per tier, feedback.")
     ports(sp)
+    sp.add_argument("--metrics-port", type=int, metavar="BASE",
+                    help=_env_help("serve Prometheus /metrics: ingest on BASE, then each worker and the feedback "
+                                   "agent on the next ports", "TIERFLOW_METRICS_PORT"))
+    sp.add_argument("--data", type=Path, metavar="DIR",
+                    help="keep the embedded broker's log in DIR across restarts (default: each start is empty)")
     sp = add("demo", cmd_demo, "Start the embedded pipeline, send sample messages (English and Chinese), "
                                "print their answers and a routing summary, stop.")
     ports(sp)
@@ -523,13 +622,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--label", help="ground-truth intent, for evaluation")
     sp.add_argument("--id", help="request id (default: random)")
     sp.add_argument("--wait", action="store_true", help="wait for the answer and print it")
-    sp.add_argument("--timeout", type=float, default=60.0)
+    sp.add_argument("--timeout", type=float, default=60.0, help="with --wait: seconds to wait for the answer (60)")
+    sp.add_argument("--ack-timeout", type=float, default=10.0,
+                    help="seconds the broker may take to acknowledge the request (10); exit 2 when it does not")
 
-    sp = add("answers", cmd_answers, "Print answers (each request id once).")
-    sp.add_argument("--follow", "-f", action="store_true", help="keep printing new answers")
+    sp = add("answers", cmd_answers, "Print the answers on the answers topic (each request id once) and exit; "
+                                     "--follow keeps printing new ones.")
+    sp.add_argument("--follow", "-f", action="store_true", help="keep printing new answers until Ctrl-C")
     sp.add_argument("--json", action="store_true", help="one JSON answer per line")
     sp.add_argument("--new", action="store_true", help="only answers that arrive from now on")
-    sp.add_argument("--idle", type=float, default=3.0, help="without --follow: stop after this many idle s")
+    sp.add_argument("--idle", type=float, default=0.0,
+                    help="without --follow: once every existing answer is printed, wait this many seconds "
+                         "more for new ones (0)")
 
     sp = add("thresholds", cmd_thresholds, "Show, change, pin, list or roll back the routing thresholds.")
     tsub = sp.add_subparsers(dest="action", required=True)
@@ -606,15 +710,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.settings import unknown_env
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    for warning in unknown_env():
+        print(f"tierflow: warning: {warning}", file=sys.stderr)
     try:
-        settings = _settings(args)
+        settings = _settings(args)  # a wrong TIERFLOW_* variable raises ConfigError here, one line each
         _setup_logging(settings)
         code: int = args.func(args)
         return code
     except (ServiceUnavailable, ConfigError, InvalidThresholds) as e:
-        print(f"tierflow {args.command}: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [""]:
+            print(f"tierflow {args.command}: {line}", file=sys.stderr)
         return 2
     except TierflowError as e:
         print(f"tierflow {args.command}: {e.__class__.__name__}: {e}", file=sys.stderr)

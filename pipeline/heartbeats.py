@@ -33,6 +33,14 @@ def fault_key(prefix: str, tier: str) -> str:
     return f"{prefix}fault:latency_ms:{tier}"
 
 
+AGENT = "agent"  # the heartbeat "tier" of the agents that are not workers (ingest, feedback): readiness only
+
+
+def ready_agents(r: redis.Redis, prefix: str) -> set[str]:
+    """The agents (`ingest`, `feedback`) with a live heartbeat that says ready."""
+    return {str(b.get("agent")) for b in read_heartbeats(r, prefix, AGENT) if b.get("ready")}
+
+
 def read_heartbeats(r: redis.Redis, prefix: str, tier: str) -> list[dict[str, Any]]:
     keys = list(r.scan_iter(match=f"{prefix}hb:{tier}:*", count=100))
     if not keys:
@@ -107,7 +115,8 @@ class Heartbeat:
             pipe.get(self.fault_key)
             _, fault = pipe.execute()
             self.injected_latency_ms = float(fault) if fault else 0.0
-            metrics.WORKER_UP.labels(self.tier, self.worker_id).set(body["ts"])
+            if self.tier != AGENT:
+                metrics.WORKER_UP.labels(self.tier, self.worker_id).set(body["ts"])
         except (redis.RedisError, OSError):
             metrics.REDIS_ERRORS.labels("heartbeat").inc()
 

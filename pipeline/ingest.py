@@ -9,6 +9,8 @@ re-serialising it: that keeps the per-message cost to parsing, features and one 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -20,15 +22,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from pipeline import features, metrics
 from pipeline.contracts import MAX_IMAGE_BYTES, decode_request, fast_request
-from pipeline.dlq import headers_dict, to_dlq
+from pipeline.dlq import DeadLetters, headers_dict
 from pipeline.errors import InvalidMessage, InvalidThresholds
 from pipeline.health import HealthLimits, HealthState, assess
-from pipeline.heartbeats import observe
+from pipeline.heartbeats import AGENT, Heartbeat, observe
 from pipeline.kafka import (
     DeliveryTracker,
     commit,
     lag_of,
-    make_consumer,
+    make_member,
     make_producer,
     poll_batch,
     produce,
@@ -115,14 +117,19 @@ class Ingest:
         self.store = ThresholdStore(self.r, settings.redis_prefix)
         self.cache = ThresholdCache(self.store, component="ingest")
         self.monitor = HealthMonitor(self.r, settings.redis_prefix, self.cache) if health_checks else None
-        self.consumer = make_consumer(settings, settings.group("ingest"))
+        self.consumer = make_member(settings, settings.group("ingest"))
+        self.dlq = DeadLetters(settings, "ingest")
         # Backfill has its own topic, group, producer and batches, taken only while no live record waits.
-        self.backfill = BackfillLane(settings, settings.group("ingest-replay"), self.topics.replay, "ingest")
+        self.backfill = BackfillLane(settings, settings.group("ingest-replay"), self.topics.replay, "ingest",
+                                     dlq=self.dlq)
         self._pinned: dict[int, Thresholds] = {}
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
         self.producer = make_producer(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True})
         self.stats = IngestStats()
+        self.ready = False  # partitions assigned: a request sent now is routed without waiting for a join
+        self.heartbeat = Heartbeat(self.r, settings.redis_prefix, AGENT, f"ingest-{socket.gethostname()}-{os.getpid()}",
+                                   settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self.status)
         self._stop = threading.Event()
         self._sources = [self.topics.requests]
         self._tier_topics = {t: self.topics.tier(t) for t in Tier}
@@ -131,11 +138,15 @@ class Ingest:
     def stop(self) -> None:
         self._stop.set()
 
+    def status(self) -> dict[str, object]:
+        return {"agent": "ingest", "ready": self.ready, "consumed": self.stats.consumed}
+
     def run(self) -> None:
         self.cache.start()
         if self.monitor:
             self.monitor.start()
-        self.consumer.subscribe(self._sources, on_revoke=self._on_revoke)
+        self.heartbeat.start()
+        self.consumer.subscribe(self._sources, on_assign=self._on_assign, on_revoke=self._on_revoke)
         self.backfill.start()
         log.info("ingest: consuming %s (thresholds v%d%s)", ", ".join(self._sources), self.cache.current.version,
                  ", Redis unavailable: defaults" if self.cache.stale else "")
@@ -146,12 +157,17 @@ class Ingest:
             self.close()
 
     def close(self) -> None:
+        self.heartbeat.stop()
         self.cache.stop()
         if self.monitor:
             self.monitor.stop()
         self.producer.flush(self.s.flush_timeout_s)
+        self.dlq.flush(self.s.flush_timeout_s)
         self.consumer.close()
         self.backfill.close()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.ready = True
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Everything consumed so far was flushed and committed inside step(); nothing to do but note it.
@@ -192,9 +208,11 @@ class Ingest:
         routed: Counter[Route] = Counter()
         good = self._route_live(msgs, th, health, now_ms, routed)
         self.producer.flush(self.s.flush_timeout_s)
-        if self.delivery.failed:
-            log.warning("ingest: %d records not delivered (%s); re-processing the batch",
-                        self.delivery.failed, "; ".join(self.delivery.errors))
+        dead_ok = self.dlq.flush(self.s.flush_timeout_s)
+        if self.delivery.failed or not dead_ok:
+            log.warning("ingest: %d records not delivered (%s)%s; re-processing the batch",
+                        self.delivery.failed, "; ".join(self.delivery.errors),
+                        "" if dead_ok else ", dead letters not delivered")
             self.delivery.reset()
             rewind(self.consumer, good)
             time.sleep(0.5)
@@ -256,9 +274,8 @@ class Ingest:
             return True
         except InvalidMessage:
             # A valid request whose routed record is too big to produce (an image near the limit).
-            to_dlq(self.producer, self.topics.dlq, msg, "oversize",
-                   f"routed record is {len(value)} bytes, over max_message_bytes {self.s.max_message_bytes}",
-                   "ingest", self.delivery, self.s.max_message_bytes)
+            self.dlq.send(msg, "oversize",
+                          f"routed record is {len(value)} bytes, over max_message_bytes {self.s.max_message_bytes}")
             self.stats.dead += 1
             return False
 
@@ -294,12 +311,7 @@ class Ingest:
                 check_image(data, req.image.mime)
                 image_bytes = len(data)
         except InvalidMessage as e:
-            if replay_job is None:
-                to_dlq(self.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest", self.delivery,
-                       self.s.max_message_bytes)
-            else:
-                to_dlq(self.backfill.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest:replay",
-                       self.backfill.delivery, self.s.max_message_bytes)
+            self.dlq.send(msg, e.kind, e.reason, "ingest" if replay_job is None else "ingest:replay")
             self.stats.dead += 1
             return
         feats = features.extract(req, vip=req.user_id in self.cache.vips, image_bytes=image_bytes)
@@ -326,8 +338,7 @@ class Ingest:
             try:
                 self._send_replay(raw, tail, r, key, shadow)
             except InvalidMessage as e:
-                to_dlq(self.backfill.producer, self.topics.dlq, msg, e.kind, e.reason, "ingest:replay",
-                       self.backfill.delivery, self.s.max_message_bytes)
+                self.dlq.send(msg, e.kind, e.reason, "ingest:replay")
                 self.stats.dead += 1
                 return
             routed[REPLAY_ROUTES[r.tier]] += 1

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import metrics
+from pipeline.brokers import counts_batches
 from pipeline.errors import InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
 from pipeline.topics import Topics, TopicSpec, topic_specs
@@ -32,7 +33,7 @@ def topics_of(settings: Settings) -> Topics:
 
 def specs_of(settings: Settings) -> list[TopicSpec]:
     return topic_specs(topics_of(settings), settings.partitions, settings.replication_factor,
-                       settings.max_message_bytes)
+                       settings.max_message_bytes, settings.topic_retention_ms, settings.topic_retention_bytes)
 
 
 @dataclass
@@ -54,7 +55,10 @@ class DeliveryTracker:
         self.errors.clear()
 
 
-def make_producer(settings: Settings, **overrides: Any) -> Producer:
+def make_producer(settings: Settings, *, output: bool = False, **overrides: Any) -> Producer:
+    """A producer with tierflow's defaults. `output`: it writes topics other programs read (answers, results, the
+    DLQ), so it uses `kafka_output_compression`, a codec every mainstream client reads (kafkajs has no lz4);
+    the topics only tierflow reads keep `kafka_compression`."""
     conf = settings.kafka_config()
     conf.update({
         "linger.ms": 2,
@@ -62,10 +66,23 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
         "message.max.bytes": settings.max_message_bytes,
         "queue.buffering.max.messages": 1_000_000,
         "batch.num.messages": 10_000,
-        "compression.type": settings.kafka_compression,
+        "compression.type": settings.kafka_output_compression if output else settings.kafka_compression,
     })
     conf.update(overrides)
     return Producer(conf)
+
+
+RECEIVE_MAX_BYTES = 1_000_000_000  # librdkafka's receive.message.max.bytes ceiling is 2^31 - 1
+
+
+def make_member(settings: Settings, group: str, **overrides: Any) -> Consumer:
+    """A consumer for a long-lived member of `group` (ingest, workers, their backfill lanes): with a stable
+    process identity (`worker_id`) it rejoins as itself after a restart (static membership, KIP-345): no
+    rebalance wait, and on the embedded noida, which never expires a member that stopped heartbeating, the
+    only way a restarted member gets its partitions back at all (measured: none within 600 s)."""
+    if settings.worker_id:
+        overrides = {"group.instance.id": f"{group}-{settings.worker_id}", **overrides}
+    return make_consumer(settings, group, **overrides)
 
 
 def make_consumer(settings: Settings, group: str, **overrides: Any) -> Consumer:
@@ -80,6 +97,10 @@ def make_consumer(settings: Settings, group: str, **overrides: Any) -> Consumer:
         "fetch.wait.max.ms": 25,
         "fetch.message.max.bytes": settings.max_message_bytes,
         "max.partition.fetch.bytes": settings.max_message_bytes,
+        # The most one fetch response may be. Kafka keeps a response under fetch.max.bytes (50 MB), but the
+        # embedded noida answers with everything up to the end of every partition asked for: with the
+        # default (100 MB) a consumer that far behind fails every fetch and never catches up.
+        "receive.message.max.bytes": RECEIVE_MAX_BYTES,
     })
     conf.update(overrides)
     return Consumer(conf)
@@ -254,3 +275,70 @@ def delete_topics(settings: Settings, names: list[str], timeout: float = 30.0) -
             fut.result()
         except KafkaException as e:
             log.debug("delete: %s", e)
+
+
+class Tail:
+    """Reads a topic from positions fixed when it is made: its end offsets now (`start="end"`) or its beginning.
+
+    Partitions are assigned, not subscribed: no group join on the critical path (a join takes seconds), no
+    commits, no consumer group left behind. A record produced a millisecond after the Tail was made is read,
+    so a command can take its Tail, then send a request, then read the answer.
+    """
+
+    def __init__(self, settings: Settings, topic: str, start: str = "end", timeout: float = 10.0) -> None:
+        if start not in ("end", "beginning"):
+            raise ValueError(f"start must be 'end' or 'beginning', not {start!r}")
+        self.topic = topic
+        # group.id only because librdkafka wants one; with assign() and no commits the group never exists.
+        self.consumer: Consumer = make_consumer(settings, f"tierflow-tail-{time.time_ns()}",
+                                                **{"enable.auto.commit": False})
+        md = self.consumer.list_topics(topic, timeout=timeout)
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            self.consumer.close()
+            raise ServiceUnavailable(f"topic {topic} does not exist on {settings.bootstrap} (tierflow topics create)")
+        parts = sorted(meta.partitions)
+        marks = {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+                 for p in parts}
+        self.ends = {p: int(high) for p, (_, high) in marks.items()}
+        if counts_batches(md.cluster_id):
+            self.ends = self._fetched_ends(timeout)
+        self.next = dict(self.ends) if start == "end" else {p: int(low) for p, (low, _) in marks.items()}
+        self.consumer.assign([TopicPartition(topic, p, o) for p, o in self.next.items()])
+
+    def _fetched_ends(self, timeout: float) -> dict[int, int]:
+        """End offsets from a fetch response's high watermarks, for a broker whose ListOffsets counts batches.
+
+        ListOffsets' (low) answer is a lower bound: fetching from there returns the true high watermark.
+        """
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.ends.items()])
+        found: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(found) < len(self.ends) and time.monotonic() < deadline:
+            self.consumer.consume(1000, 0.05)
+            for p in self.ends:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                if high is not None and high >= self.ends[p]:
+                    found[p] = int(high)
+        self.consumer.unassign()
+        return {p: found.get(p, o) for p, o in self.ends.items()}
+
+    def poll(self, timeout: float = 0.5, max_records: int = 1000) -> list[Message]:
+        """The records that arrived (what is buffered now; only if nothing is, waits up to `timeout`)."""
+        out = []
+        for m in poll_batch(self.consumer, max_records, timeout):
+            if m.error() is not None:
+                continue
+            off = m.offset()
+            if off is not None:
+                self.next[m.partition() or 0] = off + 1
+            out.append(m)
+        return out
+
+    @property
+    def caught_up(self) -> bool:
+        """True once every record that existed when the Tail was made has been read."""
+        return all(self.next[p] >= end for p, end in self.ends.items())
+
+    def close(self) -> None:
+        self.consumer.close()

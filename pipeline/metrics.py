@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
+from pipeline.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -60,14 +62,18 @@ def serve(port: int | None) -> None:
     """Expose /metrics on `port` (no-op for None). Multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set."""
     if port is None:
         return
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import CollectorRegistry, multiprocess
+    try:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import CollectorRegistry, multiprocess
 
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        start_http_server(port, registry=registry)
-    else:
-        start_http_server(port, registry=REGISTRY)
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            start_http_server(port, registry=registry)
+        else:
+            start_http_server(port, registry=REGISTRY)
+    except OSError as e:
+        raise ConfigError(f"TIERFLOW_METRICS_PORT={port}: cannot serve /metrics there ({e.strerror or e}); "
+                          "expected a free port (`tierflow up --metrics-port BASE` gives each agent its own)") from None
     log.info("metrics on :%d/metrics", port)
 
 

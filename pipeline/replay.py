@@ -29,13 +29,15 @@ import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pipeline.contracts import decode_request
-from pipeline.dlq import error_headers
-from pipeline.errors import ConfigError, InvalidMessage
+from pipeline.dlq import DeadLetters, error_headers
+from pipeline.errors import ConfigError, InvalidMessage, ServiceUnavailable
 from pipeline.heartbeats import RECENT_S, read_heartbeats
 from pipeline.kafka import (
     DeliveryTracker,
     Headers,
+    Tail,
     make_consumer,
+    make_member,
     make_producer,
     next_offsets,
     produce,
@@ -123,13 +125,13 @@ class BackfillLane:
     a transaction of its own instead (the backfill producer has its own transactional id).
     """
 
-    def __init__(self, settings: Settings, group: str, topic: str, who: str,
-                 transactional_id: str | None = None) -> None:
-        self.s, self.topic, self.who = settings, topic, who
-        self.consumer: Consumer = make_consumer(settings, group, **backfill_consumer_config(settings))
+    def __init__(self, settings: Settings, group: str, topic: str, who: str, dlq: DeadLetters,
+                 transactional_id: str | None = None, output: bool = False) -> None:
+        self.s, self.topic, self.who, self.dlq = settings, topic, who, dlq
+        self.consumer: Consumer = make_member(settings, group, **backfill_consumer_config(settings))
         self.delivery = DeliveryTracker()
         extra = {"transactional.id": transactional_id} if transactional_id else {}
-        self.producer: Producer = make_producer(settings, on_delivery=self.delivery,
+        self.producer: Producer = make_producer(settings, output=output, on_delivery=self.delivery,
                                                 **{"delivery.report.only.error": True}, **extra)
         self.transactional = transactional_id is not None
         self.gate = BackfillGate(settings.replay_duty, settings.replay_gap_ms / 1000.0)
@@ -168,12 +170,24 @@ class BackfillLane:
             if self.transactional:
                 self.producer.begin_transaction()
                 process(msgs, self.producer)
-                self.producer.send_offsets_to_transaction(next_offsets(msgs), self.consumer.consumer_group_metadata())
-                self.producer.commit_transaction()
+                if not self.dlq.flush(self.s.flush_timeout_s):
+                    self.producer.abort_transaction()
+                    rewind(self.consumer, msgs)
+                else:
+                    self.producer.send_offsets_to_transaction(next_offsets(msgs),
+                                                              self.consumer.consumer_group_metadata())
+                    self.producer.commit_transaction()
             else:
                 process(msgs, self.producer)
                 self.producer.poll(0)
-                self.pending = msgs
+                # Dead letters are rare: wait for them here, so the async commit never outruns one.
+                if self.dlq.flush(self.s.flush_timeout_s):
+                    self.pending = msgs
+                else:
+                    log.warning("%s: dead letters of a backfill batch not delivered; re-reading it", self.who)
+                    self.producer.flush(self.s.flush_timeout_s)
+                    self.delivery.reset()
+                    rewind(self.consumer, msgs)
         self.gate.done(started, len(msgs))
         return len(msgs)
 
@@ -470,6 +484,7 @@ class Replayer:
         self.topics = topics_of(settings)
         self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=3)
         self.producer: Producer = make_producer(settings)
+        self.dlq = DeadLetters(settings, "replay")
         self.answered_key = f"{settings.redis_prefix}replay:answered"
         self.source_name = "replay"
 
@@ -551,8 +566,8 @@ class Replayer:
                         orjson.dumps({"request_id": req.id, "intent": req.label, "ts": int(time.time() * 1000)}),
                         key=req.id)
                 summary.labels += 1
-        if self.producer.flush(self.s.flush_timeout_s):
-            raise ConfigError("the broker did not acknowledge the replayed records; progress not saved")
+        if self.producer.flush(self.s.flush_timeout_s) or not self.dlq.flush(self.s.flush_timeout_s):
+            raise ServiceUnavailable("the broker did not acknowledge the replayed records; progress not saved")
         # Saved only after the flush: a resumed job may resend a chunk, never skip one.
         self.r.hset(key, mapping={"position": json.dumps(chunk[-1][0]), "sent": summary.sent,
                                   "skipped": summary.skipped, "invalid": summary.invalid, "labels": summary.labels,
@@ -566,8 +581,7 @@ class Replayer:
 
     def _dead(self, raw: bytes, e: InvalidMessage, source: str, position: Any) -> None:
         offset = position if isinstance(position, int) else -1
-        produce(self.producer, self.topics.dlq, raw,
-                headers=error_headers(e.kind, e.reason, "replay", source, -1, offset))
+        self.dlq.send_raw(raw, error_headers(e.kind, e.reason, "replay", source, -1, offset))
 
 
 class Pacer:
@@ -767,19 +781,16 @@ class _Progress:
             self.p.stop()
 
 
-def wait_for_results(settings: Settings, ids: set[str], timeout_s: float, shadow: bool) -> list[dict[str, Any]]:
-    """The results of a replay's requests (final ones, or both shadow stages), read from tierflow.results."""
-    c = make_consumer(settings, f"tierflow-replay-wait-{time.time_ns()}")
-    c.subscribe([topics_of(settings).results])
+def wait_for_results(tail: Tail, ids: set[str], timeout_s: float, shadow: bool) -> list[dict[str, Any]]:
+    """The results of a replay's requests (final ones, or both shadow stages), read from tierflow.results by a
+    Tail taken before the replay sent anything (so none can be missed)."""
     want = len(ids) * (2 if shadow else 1)
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout_s
     seen: set[tuple[str, str]] = set()
     try:
         while len(seen) < want and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.5):
-                if m.error() is not None or m.value() is None:
-                    continue
+            for m in tail.poll(0.5):
                 res = orjson.loads(m.value() or b"{}")
                 rid = res.get("request_id")
                 if rid not in ids or not res.get("replay"):
@@ -790,7 +801,7 @@ def wait_for_results(settings: Settings, ids: set[str], timeout_s: float, shadow
                         seen.add(k)
                         out.append(res)
     finally:
-        c.close()
+        tail.close()
     return out
 
 

@@ -6,13 +6,19 @@ print in a repr or a log line.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import types
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from pipeline.errors import ConfigError
 
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_REDIS_PORT = 16379
@@ -30,6 +36,10 @@ class Settings(BaseSettings):
     kafka_port: int = Field(DEFAULT_KAFKA_PORT, description="embedded broker port")
     redis_port: int = Field(DEFAULT_REDIS_PORT, description="embedded Redis port")
     data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
+    embedded_broker: Literal["noida", "tansu"] = Field(
+        "noida", description="the embedded Kafka-protocol broker (pipeline/brokers.py says what each gets wrong)")
+    embedded_durable: bool = Field(False, description="keep the embedded broker's log across restarts, under "
+                                   "data_dir (`tierflow up --data DIR`); false: each start begins empty")
 
     # --- Kafka security, passed through to librdkafka ---
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -42,14 +52,21 @@ class Settings(BaseSettings):
     kafka_ssl_key_password: SecretStr | None = None
     kafka_extra: dict[str, str] = Field(default_factory=dict, description="extra librdkafka keys (JSON)")
     kafka_compression: Literal["lz4", "zstd", "snappy", "gzip", "none"] = Field(
-        "lz4", description="producer compression; lz4 halves the broker's work per record. A consumer of the "
-                           "answers topic must support it (\"none\" for one that cannot)")
+        "lz4", description="compression of the topics only tierflow reads (requests to tiers, backfill); lz4 "
+                           "halves the broker's work per record")
+    kafka_output_compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = Field(
+        "none", description="compression of the topics other programs read (answers, results, DLQ): none or "
+                            "gzip, which every mainstream client reads without plugins (kafkajs has no lz4)")
 
     # --- topics ---
     topic_prefix: str = "tierflow."
     partitions: int = Field(4, ge=1, description="partitions of every pipeline topic")
     replication_factor: int = Field(1, ge=1)
     max_message_bytes: int = Field(8 * 1024 * 1024, description="largest record (images ride inline)")
+    topic_retention_ms: int | None = Field(None, ge=1, description="retention of every topic; unset: 7 days "
+                                           "(30 for the DLQ and labels), or the embedded broker's bound")
+    topic_retention_bytes: int | None = Field(None, ge=1, description="retention bound per partition in bytes; "
+                                              "unset: none, or the embedded broker's bound")
 
     # --- Redis keys ---
     redis_prefix: str = "tierflow:"
@@ -96,7 +113,9 @@ class Settings(BaseSettings):
                                       "polling is broker load; backfill latency does not matter)")
 
     # --- delivery ---
-    exactly_once: bool = Field(False, description="Kafka transactions (Apache Kafka only)")
+    exactly_once: bool = Field(False, description="workers commit outputs and offsets in one Kafka transaction")
+    worker_id: str | None = Field(None, description="stable identity of a worker process (its transactional id "
+                                  "with exactly_once): set it when several workers of a tier share a host")
     flush_timeout_s: float = 30.0
 
     # --- observability ---
@@ -186,10 +205,126 @@ class Settings(BaseSettings):
         env["TIERFLOW_REDIS_URL"] = self.redis
         env["TIERFLOW_TOPIC_PREFIX"] = self.topic_prefix
         env["TIERFLOW_REDIS_PREFIX"] = self.redis_prefix
+        # Topics a child creates (or re-creates after a broker restart) get the same bounds as the stack's.
+        if self.topic_retention_ms is not None:
+            env["TIERFLOW_TOPIC_RETENTION_MS"] = str(self.topic_retention_ms)
+        if self.topic_retention_bytes is not None:
+            env["TIERFLOW_TOPIC_RETENTION_BYTES"] = str(self.topic_retention_bytes)
         return env
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
+        return value.upper()
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _host_port_list(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers or not all(_is_host_port(s) for s in servers):
+            raise ValueError("expected host:port with a port 1-65535, comma-separated for several brokers")
+        return value
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
-    return Settings()
+    """The process-wide settings, read once from the environment; ConfigError names a wrong variable."""
+    try:
+        return Settings()
+    except (ValidationError, SettingsError) as e:
+        raise settings_error(e) from None
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# TIERFLOW_* variables that are read outside Settings (by the tests and their tooling): not misspellings.
+NOT_SETTINGS = frozenset({"TIERFLOW_TEST_BOOTSTRAP", "TIERFLOW_TEST_REDIS_URL", "TIERFLOW_RELIABILITY_JSON"})
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a Settings field."""
+    return f"TIERFLOW_{field.upper()}"
+
+
+def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per TIERFLOW_* variable that is no setting (Settings ignores it), with the nearest valid name."""
+    env = os.environ if environ is None else environ
+    fields = [f.upper() for f in Settings.model_fields]
+    lines = []
+    for var in sorted(env):
+        name = var.upper()  # the settings read variables case-insensitively
+        if not name.startswith("TIERFLOW_") or name[9:] in fields or name in NOT_SETTINGS:
+            continue
+        # compared without the shared prefix, which would make every name look alike
+        near = difflib.get_close_matches(name[9:], fields, n=1)
+        lines.append(f"{var} is not a tierflow setting, ignored"
+                     + (f"; did you mean TIERFLOW_{near[0]}?" if near else ""))
+    return lines
+
+
+def settings_error(error: ValidationError | SettingsError, environ: Mapping[str, str] | None = None) -> ConfigError:
+    """A ConfigError with one line per wrong setting: `TIERFLOW_X='value': expected ...`."""
+    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
+    if isinstance(error, SettingsError):  # a value pydantic-settings could not decode (JSON of a dict field)
+        m = re.search(r'field "(\w+)"', str(error))
+        if m is None:
+            return ConfigError(str(error))
+        field = m.group(1)
+        return ConfigError(f"{env_name(field)}={_shown(field, env.get(env_name(field)))}: expected {_expected(field)}")
+    lines = []
+    for e in error.errors():
+        if not e["loc"]:
+            lines.append(e["msg"])
+            continue
+        field = str(e["loc"][0])
+        value = env.get(env_name(field), e.get("input"))
+        expected = str(e["ctx"]["error"]) if e["type"] == "value_error" else f"expected {_expected(field, e['msg'])}"
+        lines.append(f"{env_name(field)}={_shown(field, value)}: {expected}")
+    return ConfigError("\n".join(dict.fromkeys(lines)))  # a dict field gives one error per bad key
+
+
+def _shown(field: str, value: object) -> str:
+    info = Settings.model_fields.get(field)
+    if info is not None and SecretStr in (info.annotation, *get_args(info.annotation)):
+        return "'***'"
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _expected(field: str, fallback: str = "a valid value") -> str:
+    """What a field takes, in words: from its type and bounds."""
+    info = Settings.model_fields.get(field)
+    if info is None:
+        return fallback
+    kind: Any = info.annotation
+    nullable = get_origin(kind) in (Union, types.UnionType) and type(None) in get_args(kind)
+    if nullable:
+        rest = [a for a in get_args(kind) if a is not type(None)]
+        kind = rest[0] if len(rest) == 1 else kind
+    bounds = [f"{op} {getattr(m, attr)}" for m in info.metadata
+              for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+              if getattr(m, attr, None) is not None]
+    if get_origin(kind) is Literal:
+        text = "one of " + ", ".join(str(a) for a in get_args(kind))
+    elif kind is bool:
+        text = "true or false"
+    elif kind is int:
+        text = " and ".join(["an integer " + bounds[0], *bounds[1:]]) if bounds else "an integer"
+    elif kind is float:
+        text = " and ".join(["a number " + bounds[0], *bounds[1:]]) if bounds else "a number"
+    elif get_origin(kind) is dict:
+        text = 'a JSON object of strings, e.g. {"client.id": "tierflow"}'
+    elif kind in (str, SecretStr, Path):
+        text = "a path" if kind is Path else "a string"
+    else:
+        text = fallback
+    return text + (", or unset" if nullable else "")
+
+
+def _is_host_port(server: str) -> bool:
+    host, _, port = server.split("://", 1)[-1].rpartition(":")
+    return bool(host) and port.isdigit() and 1 <= int(port) <= 65535

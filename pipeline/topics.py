@@ -80,9 +80,13 @@ _DAY_MS = 24 * 3600 * 1000
 
 
 def topic_specs(
-    topics: Topics, partitions: int, replication_factor: int = 1, max_message_bytes: int = 8 * 1024 * 1024
+    topics: Topics, partitions: int, replication_factor: int = 1, max_message_bytes: int = 8 * 1024 * 1024,
+    retention_ms: int | None = None, retention_bytes: int | None = None,
 ) -> list[TopicSpec]:
-    """Specs of every pipeline topic. Records may carry inline images, hence `max.message.bytes`."""
+    """Specs of every pipeline topic. Records may carry inline images, hence `max.message.bytes`.
+
+    `retention_ms` / `retention_bytes` (per partition) bound every topic alike when given (the embedded broker).
+    """
     big = {"max.message.bytes": str(max_message_bytes)}
     retention = {
         topics.dlq: 30 * _DAY_MS,  # operators need time to inspect dead letters
@@ -91,7 +95,9 @@ def topic_specs(
     specs = []
     for name in topics.all():
         cfg = dict(big)
-        cfg["retention.ms"] = str(retention.get(name, 7 * _DAY_MS))
+        cfg["retention.ms"] = str(retention_ms or retention.get(name, 7 * _DAY_MS))
+        if retention_bytes is not None:
+            cfg["retention.bytes"] = str(retention_bytes)
         if replication_factor > 1:
             cfg["min.insync.replicas"] = str(min(2, replication_factor))
         specs.append(TopicSpec(name, partitions, replication_factor, cfg))

@@ -1,7 +1,8 @@
 """Shared fixtures: one real broker and one real Redis per test run, uuid-scoped topics per test.
 
-The embedded tansu broker and Valkey server are started once per session on free ports. Point the
-tests at your own services with TIERFLOW_TEST_BOOTSTRAP / TIERFLOW_TEST_REDIS_URL instead.
+The embedded broker (TIERFLOW_EMBEDDED_BROKER: noida, the default, or tansu) and a Valkey server are started
+once per session on free ports. Point the tests at your own services with TIERFLOW_TEST_BOOTSTRAP /
+TIERFLOW_TEST_REDIS_URL instead (the `broker` fixture is then None: a real Kafka gets nothing wrong).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.brokers import EmbeddedBroker, embedded_broker
 from pipeline.devstack import Stack, free_port
 from pipeline.kafka import create_topics
 from pipeline.settings import Settings
@@ -35,9 +37,23 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     except BaseException:
         stack.stop()  # a broken embedded stack fails the run loudly: these tests must not be skipped
         raise
-    # Children spawned by tests dial these explicitly.
-    yield base.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+    # Children spawned by tests dial these explicitly (with the embedded broker's topic bounds).
+    yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
     stack.stop()
+
+
+@pytest.fixture(scope="session")
+def broker() -> EmbeddedBroker | None:
+    """The embedded broker the tests run on (its traits say what it gets wrong), None on your own Kafka."""
+    if os.environ.get("TIERFLOW_TEST_BOOTSTRAP"):
+        return None
+    return embedded_broker(Settings().embedded_broker)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if os.environ.get("TIERFLOW_TEST_BOOTSTRAP"):
+        return f"broker: {os.environ['TIERFLOW_TEST_BOOTSTRAP']} (TIERFLOW_TEST_BOOTSTRAP)"
+    return f"broker: embedded {Settings().embedded_broker} (TIERFLOW_EMBEDDED_BROKER)"
 
 
 @pytest.fixture

@@ -21,14 +21,14 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from pipeline import metrics
 from pipeline.contracts import RoutedRequest, decode_model, fast_routed
-from pipeline.dlq import to_dlq
+from pipeline.dlq import DeadLetters
 from pipeline.errors import InvalidMessage
 from pipeline.heartbeats import RECENT_S, Heartbeat, LatencyWindow
 from pipeline.kafka import (
     DeliveryTracker,
     commit,
     lag_of,
-    make_consumer,
+    make_member,
     make_producer,
     next_offsets,
     produce,
@@ -60,6 +60,43 @@ def resolve_device(requested: str, tier: Tier) -> str:
     return "cpu"
 
 
+def transactional_id(settings: Settings, tier: Tier) -> str:
+    """The stable name behind a tier worker's transactional ids: the same after a restart, so the new worker
+    can abort what the dead one left open (a broker may never time it out: noida does not, and an open
+    transaction holds back every read_committed consumer of its partitions).
+
+    `worker_id` (TIERFLOW_WORKER_ID: set by `tierflow up` and --concurrency, or a StatefulSet pod name) tells
+    apart several workers of a tier on one host; the default is the host name.
+    """
+    return settings.group(f"tx-{tier.value}-{settings.worker_id or socket.gethostname()}")
+
+
+def take_transactional_id(r: redis.Redis, prefix: str, stable: str) -> tuple[str, str | None]:
+    """(a fresh transactional id for this run, the one the previous run of `stable` used, to abort first).
+
+    Reusing the previous id would abort its open transaction too, but keeps its producer id, and on noida a
+    read_committed consumer that was waiting at the aborted transaction then drops that producer's next
+    committed records as well (measured: tests/faults/test_exactly_once.py). A fresh id per run, with the
+    previous one aborted by a producer of its own, is correct on every broker. Without Redis: the stable id.
+    """
+    key = f"{prefix}tx:{stable}"
+    fresh = f"{stable}.{time.time_ns():x}"
+    try:
+        prev = r.get(key)
+        r.set(key, fresh)
+    except (redis.RedisError, OSError):
+        log.warning("%s: Redis unavailable; reusing the transactional id %s", stable, stable)
+        return stable, None
+    return fresh, prev.decode() if isinstance(prev, bytes) else None
+
+
+def abort_open_transaction(settings: Settings, tx_id: str, timeout_s: float = 30.0) -> None:
+    """Fence `tx_id` and abort whatever transaction it left open: init_transactions() does both."""
+    p = Producer({**settings.kafka_config(), "transactional.id": tx_id})
+    p.init_transactions(timeout_s)
+    p.flush(timeout_s)
+
+
 @dataclass
 class WorkerStats:
     batches: int = 0
@@ -81,22 +118,32 @@ class Worker:
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
         self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
         self.group = settings.group(f"workers-{tier.value}")
-        self.consumer = make_consumer(settings, self.group)
-        # Backfill: its own consumer, producer and batches, taken only while no live record waits.
+        self.consumer = make_member(settings, self.group)
+        self.dlq = DeadLetters(settings, f"worker:{tier.value}")
+        # Backfill: its own consumer, producer and batches, taken only while no live record waits. Its producer
+        # writes answers and results: the output codec.
+        tx_id = backfill_tx = None
+        self._abort_first: list[str] = []  # transactional ids of the previous run, aborted in setup()
+        if settings.exactly_once:
+            stable = transactional_id(settings, tier)
+            tx_id, prev = take_transactional_id(self.r, settings.redis_prefix, stable)
+            backfill_tx, prev_backfill = take_transactional_id(self.r, settings.redis_prefix, f"{stable}-replay")
+            self._abort_first = [t for t in (prev, prev_backfill) if t]
         self.backfill = BackfillLane(settings, settings.group(f"workers-{tier.value}-replay"),
-                                     self.topics.replay_tier(tier), self.worker_id,
-                                     f"tierflow-{self.worker_id}-replay" if settings.exactly_once else None)
+                                     self.topics.replay_tier(tier), self.worker_id, self.dlq,
+                                     backfill_tx, output=True)
         self.answered_key = f"{settings.redis_prefix}replay:answered"
         # One round trip and one call for a whole backfill batch: a pipelined SADD per id costs the client more.
         self._sadd_each = self.r.register_script(SADD_EACH)
-        self.transactional = settings.exactly_once
-        extra = {"transactional.id": f"tierflow-{self.worker_id}"} if self.transactional else {}
+        self.transactional = tx_id is not None
+        extra = {"transactional.id": tx_id} if tx_id else {}
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
-        self.producer: Producer = make_producer(settings, on_delivery=self.delivery,
+        # It writes answers and results, which other programs read: the output codec.
+        self.producer: Producer = make_producer(settings, output=True, on_delivery=self.delivery,
                                                 **{"delivery.report.only.error": True}, **extra)
-        # Where the batch in hand goes: the live producer, or the backfill lane's (with its delivery tracker).
-        self._out, self._out_delivery = self.producer, self.delivery
+        # Where the batch in hand goes: the live producer, or the backfill lane's.
+        self._out = self.producer
         self.latency = LatencyWindow()
         # live answers only: what a replay must not slow down (2048: the recent p95 at a few thousand msg/s)
         self.live_latency = LatencyWindow(size=2048)
@@ -117,6 +164,8 @@ class Worker:
         log.info("%s: %s ready on %s in %.1fs", self.worker_id, self.model.name, self.device,
                  time.perf_counter() - t0)
         if self.transactional:
+            for old in self._abort_first:
+                abort_open_transaction(self.s, old)
             self.producer.init_transactions(30)
 
     def status(self) -> dict[str, Any]:
@@ -141,6 +190,7 @@ class Worker:
         finally:
             self.heartbeat.stop()
             self.producer.flush(self.s.flush_timeout_s)
+            self.dlq.flush(self.s.flush_timeout_s)
             self.consumer.close()
             self.backfill.close()
 
@@ -163,18 +213,18 @@ class Worker:
             return 0
         if self.transactional:
             self.producer.begin_transaction()
-        self._process(live, self.producer, self.delivery)
+        self._process(live, self.producer)
         n = self._finish(live)
         # Due here only when live traffic has left no idle moment for a while: backfill still moves, slowly.
         return n + self.backfill.turn(True, self._process_backfill)
 
     def _process_backfill(self, msgs: list[Message], producer: Producer) -> None:
-        self._process(msgs, producer, self.backfill.delivery)
+        self._process(msgs, producer)
         self._count(len(msgs))  # counted when produced: a batch the broker refuses is counted again when re-read
 
-    def _process(self, msgs: list[Message], producer: Producer, delivery: DeliveryTracker) -> None:
+    def _process(self, msgs: list[Message], producer: Producer) -> None:
         """Decode, predict and emit one batch to `producer` (flushing and committing are the caller's)."""
-        self._out, self._out_delivery = producer, delivery
+        self._out = producer
         dequeued = _now_ms()
         routed: list[tuple[Message, dict[str, Any], Item]] = []
         for msg in msgs:
@@ -321,21 +371,26 @@ class Worker:
             produce(out, self.topics.answers, answer_json, key)
 
     def _dead(self, msg: Message, kind: str, reason: str) -> None:
-        to_dlq(self._out, self.topics.dlq, msg, kind, reason, f"worker:{self.tier.value}", self._out_delivery,
-               self.s.max_message_bytes)
+        self.dlq.send(msg, kind, reason)
         self.stats.dead += 1
 
     def _finish(self, live: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
+        dead_ok = self.dlq.flush(self.s.flush_timeout_s)  # before the commit: a dead letter is never lost
         if self.transactional:
+            if not dead_ok:
+                self.producer.abort_transaction()
+                rewind(self.consumer, live)
+                return len(live)
             self.producer.send_offsets_to_transaction(next_offsets(live), self.consumer.consumer_group_metadata())
             self.producer.commit_transaction()
         else:
             self.producer.flush(self.s.flush_timeout_s)
-            if self.delivery.failed:
-                log.warning("%s: %d records not delivered (%s); re-processing the batch", self.worker_id,
-                            self.delivery.failed, "; ".join(self.delivery.errors))
+            if self.delivery.failed or not dead_ok:
+                log.warning("%s: %d records not delivered (%s)%s; re-processing the batch", self.worker_id,
+                            self.delivery.failed, "; ".join(self.delivery.errors),
+                            "" if dead_ok else ", dead letters not delivered")
                 self.delivery.reset()
                 rewind(self.consumer, live)
                 time.sleep(0.5)

@@ -27,13 +27,24 @@ class Reliability:
 
     def record(self, fault: str, variant: str, load: str, invariants: dict[str, bool], counts: dict[str, Any],
                peak_rss_mib: dict[str, float] | None = None, notes: str = "") -> None:
-        self.rows.append({"test": self.current, "fault": fault, "variant": variant, "load": load,
+        self.rows.append({"test": self.current, "broker": broker_name(), "fault": fault, "variant": variant,
+                          "load": load,
                           "invariants": invariants, "counts": counts, "peak_rss_mib": peak_rss_mib or {},
                           "notes": notes, "held": all(invariants.values()), "at": time.time()})
 
 
+def broker_name() -> str:
+    """The broker this run's faults ran on: the embedded one's name, or "kafka" for TIERFLOW_TEST_BOOTSTRAP."""
+    if os.environ.get("TIERFLOW_TEST_BOOTSTRAP"):
+        return "kafka"
+    from pipeline.settings import Settings
+
+    return Settings().embedded_broker
+
+
 _RELIABILITY = Reliability()
 _KNOWN_BUGS: list[dict[str, str]] = []  # strict-xfail tests that failed as expected: open bugs
+_SKIPPED: list[dict[str, str]] = []  # tests a broker cannot run (a deviation measured and named in the reason)
 # Tests whose docstring says "Regression (found by this suite): ...": bugs found here and fixed since.
 REGRESSION = "Regression (found by this suite):"
 _REGRESSIONS: dict[str, dict[str, str]] = {}
@@ -50,7 +61,7 @@ def _save_reliability() -> Iterator[None]:
     yield
     out = os.environ.get("TIERFLOW_RELIABILITY_JSON")
     if out:
-        Path(out).write_text(json.dumps({"rows": _RELIABILITY.rows, "known_bugs": _KNOWN_BUGS,
+        Path(out).write_text(json.dumps({"rows": _RELIABILITY.rows, "known_bugs": _KNOWN_BUGS, "skipped": _SKIPPED,
                                          "regressions": list(_REGRESSIONS.values())}, indent=1, ensure_ascii=False))
 
 
@@ -66,7 +77,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.nodeid in _REGRESSIONS and (report.when == "call" or report.failed):
         _REGRESSIONS[report.nodeid]["outcome"] = report.outcome
     if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
-        _KNOWN_BUGS.append({"test": report.nodeid, "reason": str(report.wasxfail).removeprefix("reason: ")})
+        _KNOWN_BUGS.append({"test": report.nodeid, "broker": broker_name(),
+                            "reason": str(report.wasxfail).removeprefix("reason: ")})
+    elif report.skipped and report.when in ("setup", "call"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append({"test": report.nodeid, "broker": broker_name(), "reason": reason.removeprefix("Skipped: ")})
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

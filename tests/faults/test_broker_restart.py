@@ -1,6 +1,11 @@
-"""Broker restarts mid-run. Durable (tansu on S3 storage over a local SeaweedFS): the pipeline resumes by
-itself and nothing is lost. Memory engine: the restart loses every topic; what the agents do then is
-measured and written down (RELIABILITY.md), and recovery after `tierflow topics create` is checked.
+"""Broker restarts mid-run, on each embedded broker.
+
+Durable storage: the pipeline resumes by itself. tansu on S3 (a local SeaweedFS) loses nothing even to a
+kill -9; noida writes its snapshot asynchronously while running and once more on SIGTERM, but acknowledges
+records it no longer saves while it stops, so what a kill -9 or a clean stop loses is measured and written
+down, not asserted away. Non-durable (tansu's memory engine, or noida
+started without its old data): the restart loses every topic; what the agents do then is measured too
+(RELIABILITY.md), and traffic after the restart must flow.
 """
 
 from __future__ import annotations
@@ -69,9 +74,16 @@ def memory_broker(services: Settings, tmp_path: Path) -> Iterator[tuple[Stack, S
     stack.stop()
 
 
-def test_durable_broker_restart_loses_nothing(durable_broker: tuple[Stack, Settings],
-                                              reliability: Reliability) -> None:
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_durable_broker_restart(durable_broker: tuple[Stack, Settings], how: str, reliability: Reliability) -> None:
+    """kill -9 (or a clean SIGTERM) of a durable broker mid-run, restart on the same storage."""
     broker, s = durable_broker
+    kind = broker.broker
+    if how == "stop" and kind.name == "tansu":
+        pytest.skip("tansu: a clean stop is covered by the kill -9 variant (it loses nothing even then)")
+    # noida persists asynchronously, and on SIGTERM it still acknowledges records after taking its last snapshot:
+    # what either loses is measured, not asserted away. tansu on S3 writes a batch before acknowledging it.
+    must_keep_all = kind.name == "tansu"
     agents = Agents(s).start(*PIPELINE)
     down_s = 3.0
     try:
@@ -80,33 +92,54 @@ def test_durable_broker_restart_loses_nothing(durable_broker: tuple[Stack, Setti
             traffic = Traffic(s, "dur", 2000, 250.0)
             with RssSampler(agents.pids) as rss, traffic:
                 time.sleep(traffic.duration_s * 0.3)
-                broker.kill("broker")  # kill -9: no clean shutdown, clients see connections drop
+                killed_at = time.monotonic()
+                if how == "kill":
+                    broker.kill("broker")  # kill -9: no clean shutdown, clients see connections drop
+                else:
+                    broker.kill("broker", signal.SIGTERM, timeout=60)  # noida writes its snapshot, then exits
                 time.sleep(down_s)
                 t0 = time.monotonic()
                 restarted_ms = int(time.time() * 1000)
                 broker.start_broker(durable=True)
                 traffic.wait(traffic.duration_s + 120)
-                waited = obs.wait_for(traffic.sent, timeout=120, settle_s=3.0)
+                at = traffic.sent.sent_at
+                after = Sent(valid={i: k for i, k in traffic.sent.valid.items() if at[i] >= t0},
+                             acked=traffic.sent.acked)
+                waited = obs.wait_for(traffic.sent if must_keep_all else after, timeout=120, settle_s=3.0)
                 recovered_s = time.monotonic() - t0
         verdict = verify(traffic.sent, obs)
+        lost = set(verdict.lost)
+        lost_after = {i for i in lost if at[i] >= t0}
+        lost_before = {i for i in lost if at[i] < killed_at}
         first_ms = min(a.answered_at for a in obs.answers if a.answered_at >= restarted_ms)
         dead = agents.dead()
+        storage = {"tansu": "tansu s3:// on SeaweedFS", "noida": "noida snapshot under --data"}[kind.name]
+        invariants = {"one answer per id after dedupe": not verdict.unexpected,
+                      "requests sent after the restart answered": not lost_after,
+                      "no agent died or was restarted": not dead, "nothing dead-lettered": not verdict.valid_dead}
+        if must_keep_all:
+            invariants = {"0 lost": not verdict.lost, **invariants}
+        signal_name = "kill -9" if how == "kill" else "clean stop (SIGTERM)"
         reliability.record(
-            fault=f"broker kill -9 and restart after {down_s:.0f} s down, durable storage (tansu s3:// on SeaweedFS)",
+            fault=f"broker {signal_name} and restart after {down_s:.0f} s down, durable storage ({storage})",
             variant="short", load=f"{verdict.sent_valid:,} requests at 250/s, restart at 30% of the run",
-            invariants={"0 lost": not verdict.lost, "one answer per id after dedupe": not verdict.unexpected,
-                        "no agent died or was restarted": not dead,
-                        "nothing dead-lettered": not verdict.valid_dead},
+            invariants=invariants,
             counts={"sent": verdict.sent_valid, "acked by broker": verdict.sent_valid - verdict.not_acked,
-                    "answered": verdict.answered, "lost": len(verdict.lost), "duplicates": verdict.duplicates,
+                    "answered": verdict.answered, "lost": len(verdict.lost),
+                    "lost, sent before the kill": len(lost_before), "duplicates": verdict.duplicates,
                     "first answer s after restart": round((first_ms - restarted_ms) / 1000, 1),
                     "all answered s after restart": round(recovered_s, 1), "drain s": round(waited, 1)},
             peak_rss_mib=rss.peak_mib(),
             notes="librdkafka reconnects by itself: producers retry, consumers resume from committed offsets "
-                  "(kept in S3 with the log); duplicates are batches produced but not committed at the kill.",
+                  "(kept with the log); duplicates are batches produced but not committed at the kill. "
+                  + ("noida saves its whole log asynchronously: a kill -9 loses what the last snapshot had not "
+                     "written yet (acknowledged records and committed offsets); on SIGTERM it saves once more but "
+                     "still acknowledges produces meanwhile, and those are lost too."
+                     if kind.name == "noida" else "tansu on S3 writes every batch before it acknowledges it."),
         )
         assert not dead, [agents.log(n)[-2000:] for n in PIPELINE]
-        assert verdict.held, verdict.violations
+        assert verdict.held or not must_keep_all, verdict.violations
+        assert not lost_after, sorted(lost_after)[:10]
         assert verdict.not_acked == 0, traffic.sent.failed
     finally:
         agents.stop()
@@ -149,7 +182,7 @@ def test_memory_broker_restart_under_tierflow_up(memory_broker: tuple[Stack, Set
         partitions = len(md.topics[topics_of(s).requests].partitions)
         restarted = dict(watch.restarts)
         reliability.record(
-            fault=f"broker kill -9 and restart after {down_s:.0f} s down, memory storage, under `tierflow up`",
+            fault=f"broker kill -9 and restart after {down_s:.0f} s down, empty again, under `tierflow up`",
             variant="short", load=f"{verdict.sent_valid:,} requests at 250/s, restart at 30% of the run",
             invariants={"`tierflow up` keeps running": up.alive(),
                         "requests sent after the restart answered": not (lost & after)},
@@ -157,7 +190,8 @@ def test_memory_broker_restart_under_tierflow_up(memory_broker: tuple[Stack, Set
                     "lost, sent before the kill": len(lost & before), "lost, sent while down": len(lost & down),
                     "lost, sent after": len(lost & after), "agent restarts": restarted or 0,
                     "auto-created requests partitions": partitions},
-            notes="Memory storage loses every topic, record and committed offset. librdkafka reconnects and the "
+            notes="A restart without the old log (tansu's memory engine, noida without --data) loses every topic, "
+                  "record and committed offset. librdkafka reconnects and the "
                   "first produce auto-creates each topic (broker defaults, none of the `tierflow topics create` "
                   "configs), so new traffic flows without an operator; records not yet processed at the kill are "
                   "gone. Workers that commit with their pre-restart group membership exit on UNKNOWN_MEMBER_ID "
@@ -185,7 +219,8 @@ def test_embedded_broker_death_stops_tierflow_up(services: Settings, tmp_path: P
             assert up.alive() and time.monotonic() < deadline, up.output()
             time.sleep(0.2)
         agent_pids = list(up.agents().values())
-        broker = next(p for p in _children(up.proc.popen.pid) if "tansu" in " ".join(_cmdline(p)))
+        broker = next(p for p in _children(up.proc.popen.pid)
+                      if any(b in " ".join(_cmdline(p)) for b in ("tansu", "noida-db")))
         t0 = time.monotonic()
         os.kill(broker, signal.SIGKILL)
         up.proc.popen.wait(30)
@@ -193,12 +228,13 @@ def test_embedded_broker_death_stops_tierflow_up(services: Settings, tmp_path: P
         left = [p for p in agent_pids if Path(f"/proc/{p}").exists() and "pipeline.cli" in _cmdline(p)]
         said = "broker exited" in up.output()
         reliability.record(
-            fault="embedded broker kill -9 under `tierflow up` (memory storage)",
+            fault="embedded broker kill -9 under `tierflow up`",
             variant="short", load="idle pipeline",
             invariants={"`tierflow up` says the broker exited and stops": said, "no agent left running": not left},
             counts={"s until everything stopped": round(stopped_s, 1)},
-            notes="`tierflow up` restarts agents, not servers: a dead embedded broker ends the run with "
-                  "'tierflow up: broker exited (-9); stopping'. Its memory log is gone; start again.",
+            notes="`tierflow up` restarts agents, not servers: a dead embedded broker ends the run, exit 1, with "
+                  "'tierflow up: broker exited (-9): <its last log line>'. Start again (`--data DIR` keeps the log "
+                  "where the broker can).",
         )
         assert said, up.output()
         assert not left

@@ -197,7 +197,7 @@ def test_tierflow_up_banner_hides_the_redis_password(capsys: pytest.CaptureFixtu
     """Regression (found by this suite): pipeline/cli.py, `tierflow up` printed the Redis URL, password included."""
     from pipeline.cli import _print_endpoints
 
-    _print_endpoints(secure_settings(), tmp_path)
+    _print_endpoints(secure_settings(), tmp_path, {}, {"ingest": 0.1})
     assert REDIS_PW not in capsys.readouterr().out
 
 
