@@ -8,7 +8,7 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from pipeline import metrics
-from pipeline.kafka import DeliveryTracker, Headers, make_producer, produce, topics_of
+from pipeline.kafka import DeliveryTracker, Headers, make_output_producer, produce, topics_of
 from pipeline.settings import Settings
 
 MAX_REASON_CHARS = 1000
@@ -76,8 +76,8 @@ class DeadLetters:
         self.stage = stage
         self.max_bytes = settings.max_message_bytes
         self.delivery = DeliveryTracker()
-        self.producer = make_producer(settings, output=True, on_delivery=self.delivery,
-                                      **{"delivery.report.only.error": True})
+        self.producer = make_output_producer(settings, on_delivery=self.delivery,
+                                             **{"delivery.report.only.error": True})
         self.count = 0
 
     def send(self, msg: Message, kind: str, reason: str, stage: str | None = None) -> None:

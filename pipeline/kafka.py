@@ -55,10 +55,15 @@ class DeliveryTracker:
         self.errors.clear()
 
 
-def make_producer(settings: Settings, *, output: bool = False, **overrides: Any) -> Producer:
-    """A producer with tierflow's defaults. `output`: it writes topics other programs read (answers, results, the
-    DLQ), so it uses `kafka_output_compression`, a codec every mainstream client reads (kafkajs has no lz4);
-    the topics only tierflow reads keep `kafka_compression`."""
+def make_output_producer(settings: Settings, **overrides: Any) -> Producer:
+    """A producer of topics other programs read (answers, results, the DLQ): `kafka_output_compression`, a codec
+    every mainstream client reads without plugins (kafkajs has no lz4); the topics only tierflow reads keep
+    `kafka_compression` (make_producer)."""
+    return make_producer(settings, **{"compression.type": settings.kafka_output_compression, **overrides})
+
+
+def make_producer(settings: Settings, **overrides: Any) -> Producer:
+    """A producer with tierflow's defaults, for topics only tierflow reads."""
     conf = settings.kafka_config()
     conf.update({
         "linger.ms": 2,
@@ -66,7 +71,7 @@ def make_producer(settings: Settings, *, output: bool = False, **overrides: Any)
         "message.max.bytes": settings.max_message_bytes,
         "queue.buffering.max.messages": 1_000_000,
         "batch.num.messages": 10_000,
-        "compression.type": settings.kafka_output_compression if output else settings.kafka_compression,
+        "compression.type": settings.kafka_compression,
     })
     conf.update(overrides)
     return Producer(conf)

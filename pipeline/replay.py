@@ -38,6 +38,7 @@ from pipeline.kafka import (
     Tail,
     make_consumer,
     make_member,
+    make_output_producer,
     make_producer,
     next_offsets,
     produce,
@@ -131,8 +132,9 @@ class BackfillLane:
         self.consumer: Consumer = make_member(settings, group, **backfill_consumer_config(settings))
         self.delivery = DeliveryTracker()
         extra = {"transactional.id": transactional_id} if transactional_id else {}
-        self.producer: Producer = make_producer(settings, output=output, on_delivery=self.delivery,
-                                                **{"delivery.report.only.error": True}, **extra)
+        make = make_output_producer if output else make_producer
+        self.producer: Producer = make(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True},
+                                       **extra)
         self.transactional = transactional_id is not None
         self.gate = BackfillGate(settings.replay_duty, settings.replay_gap_ms / 1000.0)
         self.batch = settings.replay_batch

@@ -7,6 +7,7 @@ TIERFLOW_TEST_REDIS_URL instead (the `broker` fixture is then None: a real Kafka
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -19,7 +20,7 @@ import pytest
 
 from pipeline.brokers import EmbeddedBroker, embedded_broker
 from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics
+from pipeline.kafka import create_topics, delete_topics, topics_of
 from pipeline.settings import Settings
 
 
@@ -57,16 +58,26 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.fixture
-def settings_factory(services: Settings) -> Callable[..., Settings]:
-    """Settings with fresh topics and Redis keys (uuid prefixes), topics created."""
+def settings_factory(services: Settings) -> Iterator[Callable[..., Settings]]:
+    """Settings with fresh topics and Redis keys (uuid prefixes), topics created; deleted after the test.
+
+    Deleting matters on noida: it re-serialises everything it keeps on every write, so topics left behind by
+    earlier tests would slow down every later one.
+    """
+    made: list[Settings] = []
 
     def make(**overrides: Any) -> Settings:
         tag = uuid.uuid4().hex[:8]
         s = services.model_copy(update={"topic_prefix": f"t{tag}.", "redis_prefix": f"t{tag}:", **overrides})
         create_topics(s)
+        made.append(s)
         return s
 
-    return make
+    yield make
+    for s in made:
+        # A broker the test killed or replaced has nothing left to clean.
+        with contextlib.suppress(Exception):
+            delete_topics(s, topics_of(s).all(), timeout=10)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pipeline.kafka import (
     commit,
     lag_of,
     make_member,
-    make_producer,
+    make_output_producer,
     next_offsets,
     produce,
     rewind,
@@ -140,7 +140,7 @@ class Worker:
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
         # It writes answers and results, which other programs read: the output codec.
-        self.producer: Producer = make_producer(settings, output=True, on_delivery=self.delivery,
+        self.producer: Producer = make_output_producer(settings, on_delivery=self.delivery,
                                                 **{"delivery.report.only.error": True}, **extra)
         # Where the batch in hand goes: the live producer, or the backfill lane's.
         self._out = self.producer

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.settings import Settings
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,8 @@ def alive(pid: int) -> bool:
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_")}
+    # The broker under test stays: the suite runs once per embedded broker.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_") or k == "TIERFLOW_EMBEDDED_BROKER"}
     env.update(TIERFLOW_DATA_DIR=str(tmp_path), **extra)
     return env
 
@@ -54,26 +56,32 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_up_then_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
     env = clean_env(tmp_path, TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()), **ECHO)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    assert any("tierflow is up" in line for line in lines), "".join(lines)
-    time.sleep(8)  # agents start and load
-    kids = descendants(proc.pid)
-    names = {Path(f"/proc/{k}/cmdline").read_text().replace("\0", " ") for k in kids if alive(k)}
-    assert any("tansu" in n for n in names) and any("valkey" in n for n in names)
-    assert sum("pipeline.cli" in n for n in names) >= 5, names  # ingest, 3 workers, feedback
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
-    time.sleep(0.5)
-    left = [k for k in kids if alive(k)]
-    assert left == [], left
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "Ctrl-C stops everything" in line or (not line and proc.poll() is not None):
+                break
+        assert any("tierflow is up" in line for line in lines), "".join(lines)
+        kids = descendants(proc.pid)
+        names = {Path(f"/proc/{k}/cmdline").read_text().replace("\0", " ") for k in kids if alive(k)}
+        broker = Settings().embedded_broker
+        assert any({"noida": "noida-db", "tansu": "tansu"}[broker] in n for n in names), names
+        assert any("valkey" in n for n in names)
+        assert sum("pipeline.cli" in n for n in names) >= 5, names  # ingest, 3 workers, feedback
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        time.sleep(0.5)
+        left = [k for k in kids if alive(k)]
+        assert left == [], left
+    finally:
+        if proc.poll() is None:  # a failed assertion must not leave a stack running for the rest of the suite
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 @pytest.mark.parametrize(("command", "what"), [(["ingest"], "Kafka"), (["thresholds", "show"], "Redis"),

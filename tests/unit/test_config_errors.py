@@ -126,7 +126,7 @@ def test_log_level_any_case() -> None:
 
 def test_secrets_are_not_echoed() -> None:
     with pytest.raises(ValidationError) as e:
-        Settings(kafka_sasl_password=["not", "a", "string"])  # type: ignore[arg-type]
+        Settings(kafka_sasl_password=["not", "a", "string"])
     assert str(settings_error(e.value, environ={})) == "TIERFLOW_KAFKA_SASL_PASSWORD='***': expected a string, or unset"
 
 
