@@ -522,7 +522,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 # feedback last: its section compares the agent with the pipeline rates the others just recorded
-BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "feedback")
+BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "sustained", "durability", "feedback")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
