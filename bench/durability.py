@@ -52,7 +52,8 @@ def run(broker: str, durable: bool, sig: int, rate: float, seconds: float, root:
     s = stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap})
     try:
         topic, group = f"dur-{uuid.uuid4().hex[:6]}", f"dur-{uuid.uuid4().hex[:6]}"
-        make_admin(s).create_topics([NewTopic(topic, 4, 1)])[topic].result()
+        admin = make_admin(s)  # kept: a collected AdminClient fails its own futures
+        admin.create_topics([NewTopic(topic, 4, 1)])[topic].result()
         acked: set[str] = set()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
