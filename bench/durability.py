@@ -26,7 +26,7 @@ from confluent_kafka.admin import NewTopic
 from bench.common import write_section
 from pipeline.brokers import BrokerName
 from pipeline.devstack import Stack, free_port
-from pipeline.kafka import make_admin, make_consumer, make_producer
+from pipeline.kafka import make_admin, make_consumer, make_producer, next_offsets
 from pipeline.settings import Settings
 
 
@@ -66,12 +66,13 @@ def run(broker: str, durable: bool, sig: int, rate: float, seconds: float, root:
         stop = threading.Event()
 
         def consume() -> None:
-            last = time.monotonic()
+            last, seen_msgs = time.monotonic(), []
             while not stop.is_set():
-                c.consume(1000, 0.2)
-                if time.monotonic() - last > 1.0:
+                seen_msgs += [m for m in c.consume(1000, 0.2) if m.error() is None]
+                if seen_msgs and time.monotonic() - last > 1.0:
                     with contextlib.suppress(Exception):  # the broker is down for a moment: commit later
-                        c.commit(asynchronous=False)
+                        c.commit(offsets=next_offsets(seen_msgs), asynchronous=False)
+                        seen_msgs = []
                     last = time.monotonic()
 
         t = threading.Thread(target=consume, daemon=True)
