@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import orjson
@@ -20,6 +21,11 @@ MAX_TEXT_CHARS = 32_768
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_IMAGE_B64 = (MAX_IMAGE_BYTES + 2) // 3 * 4
 MAX_META_DEPTH = 8
+# Numbers every JSON client round-trips: `ts` within JavaScript's exact integers (epoch ms until the year 287396),
+# meta's numbers within a signed 64-bit integer's range. Beyond, orjson (tierflow's serializer) cannot write
+# them and other parsers silently round them.
+MAX_TS = 2**53 - 1
+MAX_META_NUMBER = 2**63 - 1
 ImageMime = Literal["image/png", "image/jpeg", "image/webp"]
 Script = Literal["zh", "en", "other", "none"]
 
@@ -53,7 +59,7 @@ class Request(BaseModel):
     image: Image | None = None
     lang: Annotated[str, Field(min_length=1, max_length=16)] | None = None
     # strict: the schema says integer, so "123" and true are producer bugs, not timestamps
-    ts: Annotated[int, Field(ge=0, strict=True)] | None = None
+    ts: Annotated[int, Field(ge=0, le=MAX_TS, strict=True)] | None = None
     label: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     meta: dict[str, Any] | None = None
 
@@ -71,9 +77,28 @@ class Request(BaseModel):
     def _text_or_image(self) -> Request:
         if not self.text and self.image is None:
             raise ValueError("a request needs non-empty 'text' or an 'image'")
-        if self.meta is not None and _depth(self.meta) > MAX_META_DEPTH:
-            raise ValueError(f"'meta' is nested deeper than {MAX_META_DEPTH} levels")
+        if self.meta is not None:
+            if _depth(self.meta) > MAX_META_DEPTH:
+                raise ValueError(f"'meta' is nested deeper than {MAX_META_DEPTH} levels")
+            where = _out_of_range(self.meta, "meta")
+            if where:
+                raise ValueError(f"{where}: a number beyond ±{MAX_META_NUMBER} (64 bits) or not finite")
         return self
+
+
+def _out_of_range(value: Any, path: str) -> str | None:
+    """The path of the first number in `value` no 64-bit JSON reader keeps exactly, or None."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return None
+    if isinstance(value, int):
+        return path if abs(value) > MAX_META_NUMBER else None
+    if isinstance(value, float):
+        return path if not math.isfinite(value) or abs(value) > MAX_META_NUMBER else None
+    if isinstance(value, dict):
+        return next((w for k, v in value.items() if (w := _out_of_range(v, f"{path}.{k}"))), None)
+    if isinstance(value, list):
+        return next((w for i, v in enumerate(value) if (w := _out_of_range(v, f"{path}[{i}]"))), None)
+    return None
 
 
 def _depth(value: Any, level: int = 1) -> int:
@@ -251,7 +276,7 @@ def _plain_request(d: dict[str, Any]) -> bool:
         if type(v) is not str or (not 0 < len(v) <= 128 and "label" in d):
             return False
         v = d.get("ts", 0)
-        if type(v) is not int or v < 0:
+        if type(v) is not int or not 0 <= v <= MAX_TS:
             return False
     return True
 
