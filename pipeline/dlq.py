@@ -11,7 +11,6 @@ from confluent_kafka import Message, Producer
 from pipeline import metrics
 from pipeline.errors import InvalidMessage
 from pipeline.kafka import (
-    HEADER_OVERHEAD,
     RECORD_OVERHEAD,
     DeliveryTracker,
     Headers,
@@ -76,7 +75,7 @@ def fit(value: bytes, key: bytes | None, headers: Headers, limit: int,
     over = sum(parts.values()) + RECORD_OVERHEAD + note_room - limit
     # (name, current bytes) of every part that can be cut; header parts by their index in src
     pieces: dict[str, bytes] = {"value": value, "key": key or b""}
-    pieces.update({f"header:{i}": v or b"" for i, (_, v) in enumerate(src)})
+    pieces.update({f"header:{i}": v.encode() if isinstance(v, str) else v or b"" for i, (_, v) in enumerate(src)})
     cut: dict[str, int] = {}
     if src and over > sum(len(v) for v in pieces.values()):  # names and framing are the bulk: the headers go
         over -= parts["headers"]
