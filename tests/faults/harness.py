@@ -420,6 +420,11 @@ class Observer:
         with self._lock:
             return {d.source for d in self.dead if d.source is not None}
 
+    def dead_by_source(self) -> dict[Coords, Dead]:
+        """The last dead letter of each source record, by its coordinates."""
+        with self._lock:
+            return {d.source: d for d in self.dead if d.source is not None}
+
     def wait_for(self, sent: Sent, timeout: float, settle_s: float = 2.0) -> float:
         """Until every acknowledged valid id is answered and every acknowledged invalid key is dead-lettered
         (by its key or its coordinates; or `timeout`), then `settle_s` more for late duplicates. Returns the
