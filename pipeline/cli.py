@@ -286,11 +286,11 @@ def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: di
         keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded_durable else \
             "log starts empty each time (--data DIR keeps it)"
         lines.append(f"  kafka   {s.bootstrap}  (embedded {b.label}; {keep})")
-        if s.topic_retention_ms is not None:
-            bound = f"{s.topic_retention_ms / 1000:.0f} s"
-            if s.topic_retention_bytes is not None:
-                bound += f" or {s.topic_retention_bytes // (1024 * 1024)} MiB per partition"
-            lines.append(f"          topics keep {bound}")
+        bounds = [f"{s.topic_retention_ms / 1000:.0f} s"] if s.topic_retention_ms is not None else []
+        if s.topic_retention_bytes is not None:
+            bounds.append(f"{s.topic_retention_bytes / (1024 * 1024):g} MiB per partition")
+        if bounds:
+            lines.append(f"          topics keep at most {' or '.join(bounds)}")
     else:
         lines.append(f"  kafka   {s.bootstrap}")
     lines.append(f"  redis   {scrub(s.redis)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
@@ -551,7 +551,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 # feedback last: its section compares the agent with the pipeline rates the others just recorded
-BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "feedback")
+BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "sustained", "durability", "feedback")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

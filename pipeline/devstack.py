@@ -144,11 +144,14 @@ class Stack:
         p = self.spawn("broker", launch.argv, env=launch.env, stop_timeout_s=launch.stop_timeout_s)
         wait_port("127.0.0.1", port, timeout, p.popen, f"the embedded broker ({broker.label})")
         bounds = broker.topic_config()
-        updates: dict[str, int] = {}
+        updates: dict[str, float] = {}
         if "retention.ms" in bounds and self.settings.topic_retention_ms is None:
             updates["topic_retention_ms"] = int(bounds["retention.ms"])
         if "retention.bytes" in bounds and self.settings.topic_retention_bytes is None:
             updates["topic_retention_bytes"] = int(bounds["retention.bytes"])
+        pause = broker.idle_pause_ms()
+        if pause is not None and self.settings.feedback_fetch_pause_ms is None:
+            updates["feedback_fetch_pause_ms"] = pause
         if updates:
             self.settings = self.settings.model_copy(update=updates)
 

@@ -1,7 +1,8 @@
 """Pure health assessment of the heavy tier with hysteresis: when to degrade and when to recover.
 
 Unhealthy as soon as one signal breaches (lag over `degrade_lag`, p95 over the SLO, no live worker);
-healthy again only after every signal has stayed under its recovery level for `recover_after_s`.
+healthy again only after every signal has stayed under its recovery level for `recover_after_s` (at once when
+the breach was that no worker was up: workers coming up are not an overload easing off).
 The gap between the breach and recovery levels, plus the dwell time, is what stops flapping.
 """
 
@@ -63,6 +64,10 @@ def assess(prev: HealthState, obs: Observation, lim: HealthLimits, now: float) -
         return prev
     if not calm(obs, lim):
         return HealthState(prev.health, None)
+    if prev.health.reason == "no_workers":
+        # A worker coming up (or ingest starting before its workers) is not an overload easing off: no dwell, or
+        # the first seconds of every start would send heavy-bound traffic to light.
+        return HealthState(TierHealth(True, "ok"), None)
     since = prev.calm_since if prev.calm_since is not None else now
     if now - since >= lim.recover_after_s:
         return HealthState(TierHealth(True, "ok"), None)

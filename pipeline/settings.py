@@ -145,6 +145,10 @@ class Settings(BaseSettings):
     feedback_control: bool = Field(True, description="false: measure and publish metrics, never write thresholds")
     feedback_group: str | None = Field(None, description="consumer group / faust app id; unset: <prefix>-feedback")
     feedback_fetch_wait_ms: int = Field(25, ge=0, description="broker fetch wait (tansu needs it short)")
+    feedback_fetch_pause_ms: float | None = Field(
+        None, gt=0, description="the feedback agent waits this long after a fetch that brought nothing: for a "
+                                "broker that answers fetches at once instead of holding them (the embedded noida "
+                                "sets it)")
 
     @property
     def bootstrap(self) -> str:
@@ -210,6 +214,8 @@ class Settings(BaseSettings):
             env["TIERFLOW_TOPIC_RETENTION_MS"] = str(self.topic_retention_ms)
         if self.topic_retention_bytes is not None:
             env["TIERFLOW_TOPIC_RETENTION_BYTES"] = str(self.topic_retention_bytes)
+        if self.feedback_fetch_pause_ms is not None:
+            env["TIERFLOW_FEEDBACK_FETCH_PAUSE_MS"] = str(self.feedback_fetch_pause_ms)
         return env
 
     @field_validator("log_level")

@@ -24,6 +24,10 @@ TINY = {
     "feedback": (["--results", "3000", "--rounds", "1"], "| feedback agent, end to end |"),
     "pipeline": (["--flat", "600", "--seconds", "1"], "| pipeline, echo model | flat out |"),
     "article_service": (["--messages", "20", "--seconds", "1", "--rate", "20"], "Throughput ratio"),
+    "sustained": (["--minutes", "0.1", "--rate", "100", "--backlog", "2000",
+                   "--brokers", os.environ.get("TIERFLOW_EMBEDDED_BROKER", "noida")], "Worst added p99"),
+    "durability": (["--seconds", "2", "--rate", "200",
+                    "--brokers", os.environ.get("TIERFLOW_EMBEDDED_BROKER", "noida")], "| consumer offsets kept |"),
 }
 
 

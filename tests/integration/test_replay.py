@@ -65,6 +65,9 @@ def p95(xs: list[float]) -> float:
 
 LIVE_RATE = 500  # msg/s
 LEAD_S = 3.0  # live traffic before the replay starts (in production it is always there): the guard's baseline
+# The answers are read from the start of the topic once the replay is done: ~40,000 of them, ~5 MiB a partition,
+# more than the embedded noida keeps by default (1 MiB a partition).
+KEEP = {"topic_retention_bytes": 64 * 1024 * 1024}
 
 
 def live_latency(s: Settings, live: Live, n_other: int) -> dict[str, float]:
@@ -95,7 +98,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
     taken before the replay would charge that creep to the replay.
     """
     # The recording: 10,000 requests answered once by a pipeline, then 100 more after the range.
-    s1 = settings_factory()
+    s1 = settings_factory(**KEEP)
     t1 = topics_of(s1)
     with echo_pipeline(s1):
         answers = reader(s1, t1.answers)
@@ -108,7 +111,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
         answers.close()
 
     # B: a fresh pipeline, live traffic, and a replay of the recorded range.
-    s2 = settings_factory()
+    s2 = settings_factory(**KEEP)
     t2 = topics_of(s2)
     r = redis.Redis.from_url(s2.redis)
     replay = ["replay", "--topic", t1.requests, "--from", str(start_ms), "--to", str(end_ms)]
@@ -146,7 +149,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
     lat_during = {a["request_id"]: a["timings_ms"]["total"] for a in got if not a["replay"]}
 
     # A: another fresh pipeline, the same live traffic for as long, no replay.
-    s3 = settings_factory()
+    s3 = settings_factory(**KEEP)
     with echo_pipeline(s3):
         with Live(s3, "base", LIVE_RATE) as base:
             time.sleep(last / LIVE_RATE + 0.5)

@@ -50,3 +50,11 @@ def test_oscillating_signal_does_not_flap() -> None:
             flips += 1
             prev = st.health.heavy_ok
     assert flips == 1
+
+
+def test_workers_appearing_are_healthy_at_once() -> None:
+    """Workers coming up (ingest started first, a worker restarted) need no dwell; an overload easing off does."""
+    st = assess(HealthState(HEALTHY), Observation(0, 0, 0), LIM, 0.0)
+    assert st.health.reason == "no_workers"
+    assert assess(st, Observation(1, 0, 10), LIM, 0.1).health.heavy_ok
+    assert not assess(st, Observation(1, 900, 10), LIM, 0.1).health.heavy_ok  # a backlog is not calm

@@ -1,0 +1,89 @@
+"""The front door as a user meets it: a fresh `tierflow up`, then `tierflow send TEXT --wait` again and again from
+another shell, then `tierflow answers`.
+
+Each send is a new `tierflow` process (interpreter start included), so its wall time is what a user waits.
+
+    python -m bench.front_door [--sends 100] [--broker noida] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from bench.common import write_section
+from bench.soak import ECHO
+from pipeline.devstack import free_port
+
+TEXTS = ["where is my order?", "我的订单什么时候到？",
+         "I want to return the shoes I bought last week, they are too small",
+         "can I change the delivery address of my order please"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sends", type=int, default=100)
+    ap.add_argument("--broker", default="noida")
+    ap.add_argument("--models", choices=["packaged", "echo"], default="packaged",
+                    help="the packaged models (what `tierflow up` runs) or echo (the pipeline alone)")
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_")}
+    env.update(TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()),
+               TIERFLOW_DATA_DIR=str(Path(f".tierflow/bench-front-{uuid.uuid4().hex[:6]}")),
+               TIERFLOW_EMBEDDED_BROKER=args.broker, **(ECHO if args.models == "echo" else {}))
+    t0 = time.monotonic()
+    up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert up.stdout is not None
+    while True:
+        line = up.stdout.readline()
+        if "Ctrl-C stops everything" in line or not line:
+            break
+    ready_s = time.monotonic() - t0
+    walls, totals, tiers, failed = [], [], [], 0
+    try:
+        for i in range(args.sends):
+            t = time.monotonic()
+            out = subprocess.run([sys.executable, "-m", "pipeline.cli", "send", TEXTS[i % len(TEXTS)], "--wait",
+                                  "--timeout", "30"], env=env, capture_output=True, text=True)
+            walls.append(time.monotonic() - t)
+            if out.returncode != 0:
+                failed += 1
+                print(f"send {i}: exit {out.returncode}: {out.stderr.strip()[-300:]}", flush=True)
+                continue
+            ans = json.loads(out.stdout[out.stdout.index("{"):])
+            totals.append(ans["timings_ms"]["total"])
+            tiers.append(ans["tier"])
+        listed = subprocess.run([sys.executable, "-m", "pipeline.cli", "answers", "--json"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        printed = len([ln for ln in listed.stdout.splitlines() if ln.startswith("{")])
+    finally:
+        up.terminate()
+        up.wait(90)
+    med, worst = statistics.median(walls), max(walls)
+    body = (f"A fresh `tierflow up` (embedded {args.broker}, {args.models} models; ready in {ready_s:.1f} s), then "
+            f"{args.sends} sequential `tierflow send TEXT --wait` as new processes, then `tierflow answers`.\n\n"
+            "| | median | max |\n|---|---:|---:|\n"
+            f"| `send --wait`, wall time per command (interpreter start included) | {med:.2f} s | {worst:.2f} s |\n"
+            f"| the answer's own total (ingest to answer) | {statistics.median(totals):.0f} ms | "
+            f"{max(totals):.0f} ms |\n\n"
+            f"Answers printed by `send --wait`: {len(totals)} of {args.sends} ({failed} failed); tiers: "
+            + ", ".join(f"{t} {tiers.count(t)}" for t in sorted(set(tiers)))
+            + f". `tierflow answers` printed {printed}. 1-minute load average: {os.getloadavg()[0]:.1f}.\n")
+    print(body)
+    if args.write:
+        write_section(f"The front door ({args.broker}, {args.models} models)", body)
+    if failed or printed < args.sends:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
