@@ -158,14 +158,31 @@ class DeadLetters:
                   msg.topic(), msg.partition(), msg.offset(), kind, reason[:300])
         return False
 
-    def send_raw(self, value: bytes, headers: Headers, key: bytes | None = None) -> None:
-        """Dead-letter bytes that did not come from a consumed record (a replayed file line)."""
-        produce(self.producer, self.topic, value, key=key, headers=headers, on_delivery=self.delivery)
+    def send_raw(self, value: bytes, headers: Headers, key: bytes | None = None) -> bool:
+        """Dead-letter bytes that did not come from a consumed record (a replayed file line), cut to fit as
+        `send` does; `headers` are the error headers, never cut. False (counted, logged) when nothing fits."""
+        fitted = fit(value, key, headers, producer_limit(self.max_bytes), keep=len(headers))
+        if fitted is not None:
+            value, key, headers = fitted
+            try:
+                produce(self.producer, self.topic, value, key=key, headers=headers, on_delivery=self.delivery)
+            except InvalidMessage:
+                fitted = None
+        if fitted is None:
+            kind = next((v for k, v in headers if k == "x-error-kind"), b"unknown")
+            metrics.SKIPPED.labels(self.stage, kind.decode() if isinstance(kind, bytes) else str(kind)).inc()
+            log.error("%s: skipped a %d-byte record: not even a truncated copy fits the dead-letter topic",
+                      self.stage, len(value))
+            return False
         self.count += 1
+        return True
 
     def flush(self, timeout: float) -> bool:
         """Wait until every dead letter is acknowledged. False (and the failures reset) when any was not."""
         left = self.producer.flush(timeout) if len(self.producer) else 0
         ok = left == 0 and not self.delivery.failed
+        if not ok:
+            log.error("%s: %d dead letters not acknowledged, %d still queued: %s", self.stage, self.delivery.failed,
+                      left, "; ".join(self.delivery.errors) or "timed out")
         self.delivery.reset()
         return ok
