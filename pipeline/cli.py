@@ -184,6 +184,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         else:
             _print_endpoints(s, stack.log_dir, ports, took)
         restarts: dict[str, list[float]] = {}
+        crashed_at: dict[str, list[str]] = {}  # where each agent's batch started when it died, oldest first
         agents = dict(AGENTS)
         while not stopping.wait(0.5):
             for p in stack.dead():
@@ -192,13 +193,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                     stopping.set()
                     break
                 recent = [t for t in restarts.get(p.name, []) if time.monotonic() - t < 60]
+                tail = stack.tail(p.name, 80)
+                at = crash_at(tail)
+                history = crashed_at.setdefault(p.name, [])
+                history.append(at or "")
+                poison = _poison(history)
                 if len(recent) >= 5:
                     failure = (f"{p.name} keeps crashing ({len(recent) + 1} exits within a minute): "
-                               f"{last_error_line(stack.tail(p.name, 50))}; log {p.log_path}")
+                               f"{last_error_line(tail)}; log {p.log_path}" + poison)
                     stopping.set()
                     break
-                print(f"tierflow up: {p.name} exited ({p.popen.returncode}): "
-                      f"{last_error_line(stack.tail(p.name, 50))}; restarting", file=sys.stderr)
+                print(f"tierflow up: {p.name} exited ({p.popen.returncode}): {last_error_line(tail)}; restarting"
+                      + poison, file=sys.stderr)
                 stack.procs.remove(p)
                 stack.start_agent(p.name, *agents[p.name], env=_metrics_env(ports, p.name))
                 restarts[p.name] = [*recent, time.monotonic()]
@@ -227,6 +233,29 @@ def _dead_agent(stack: Any) -> str:
         return "agents not ready"
     p = dead[0]
     return f"{p.name} exited ({p.popen.returncode}) while starting: {last_error_line(stack.tail(p.name, 50))}"
+
+
+def crash_at(log_text: str) -> str | None:
+    """Where the batch started that an agent died handling (`topic[partition]@offset`), from its log."""
+    from pipeline.kafka import CRASH_MARK
+
+    for ln in reversed(log_text.splitlines()):
+        if CRASH_MARK in ln:
+            return ln.split(CRASH_MARK, 1)[1].strip() or None
+    return None
+
+
+def _poison(history: list[str]) -> str:
+    """'; a poison record at X ...' when the last crashes all happened on the same input offset."""
+    last = history[-1]
+    same = 0
+    for at in reversed(history):
+        if at != last:
+            break
+        same += 1
+    if not last or last == "-" or same < 2:
+        return ""
+    return f"; a poison record at {last}: it crashed {same} times in a row handling the batch that starts there"
 
 
 def last_error_line(log_text: str) -> str:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from pipeline.errors import InvalidMessage
 from pipeline.topics import Tier
@@ -20,10 +21,23 @@ MAX_TEXT_CHARS = 32_768
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_IMAGE_B64 = (MAX_IMAGE_BYTES + 2) // 3 * 4
 MAX_META_DEPTH = 8
+# Numbers every JSON client round-trips: `ts` within JavaScript's exact integers (epoch ms until the year 287396),
+# meta's numbers within a signed 64-bit integer's range. Beyond, orjson (tierflow's serializer) cannot write
+# them and other parsers silently round them.
+MAX_TS = 2**53 - 1
+MAX_INT64 = 2**63 - 1
+MAX_META_NUMBER = MAX_INT64
 ImageMime = Literal["image/png", "image/jpeg", "image/webp"]
 Script = Literal["zh", "en", "other", "none"]
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+# NaN and Infinity are not JSON (pydantic's parser reads them, and 1e400 as infinity): no model takes them.
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+# Routed records are written by ingest alone: as strictly typed as schemas/routed.v1.json (no "no" for false, no
+# "0.5" for 0.5), so a record the schema rejects is dead-lettered, not answered.
+_ROUTED = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+# Counts, versions and epoch-ms times on a tier topic: what a signed 64-bit integer holds (Kafka's timestamps,
+# orjson's integers); beyond, a worker could not write its answer.
+Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
 M = TypeVar("M", bound=BaseModel)
 _WIRE = {"wire": True}
 
@@ -53,7 +67,7 @@ class Request(BaseModel):
     image: Image | None = None
     lang: Annotated[str, Field(min_length=1, max_length=16)] | None = None
     # strict: the schema says integer, so "123" and true are producer bugs, not timestamps
-    ts: Annotated[int, Field(ge=0, strict=True)] | None = None
+    ts: Annotated[int, Field(ge=0, le=MAX_TS, strict=True)] | None = None
     label: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     meta: dict[str, Any] | None = None
 
@@ -71,9 +85,28 @@ class Request(BaseModel):
     def _text_or_image(self) -> Request:
         if not self.text and self.image is None:
             raise ValueError("a request needs non-empty 'text' or an 'image'")
-        if self.meta is not None and _depth(self.meta) > MAX_META_DEPTH:
-            raise ValueError(f"'meta' is nested deeper than {MAX_META_DEPTH} levels")
+        if self.meta is not None:
+            if _depth(self.meta) > MAX_META_DEPTH:
+                raise ValueError(f"'meta' is nested deeper than {MAX_META_DEPTH} levels")
+            where = _out_of_range(self.meta, "meta")
+            if where:
+                raise ValueError(f"{where}: a number beyond ±{MAX_META_NUMBER} (64 bits) or not finite")
         return self
+
+
+def _out_of_range(value: Any, path: str) -> str | None:
+    """The path of the first number in `value` no 64-bit JSON reader keeps exactly, or None."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return None
+    if isinstance(value, int):
+        return path if abs(value) > MAX_META_NUMBER else None
+    if isinstance(value, float):
+        return path if not math.isfinite(value) or abs(value) > MAX_META_NUMBER else None
+    if isinstance(value, dict):
+        return next((w for k, v in value.items() if (w := _out_of_range(v, f"{path}.{k}"))), None)
+    if isinstance(value, list):
+        return next((w for i, v in enumerate(value) if (w := _out_of_range(v, f"{path}[{i}]"))), None)
+    return None
 
 
 def _depth(value: Any, level: int = 1) -> int:
@@ -89,13 +122,13 @@ def _depth(value: Any, level: int = 1) -> int:
 class Features(BaseModel):
     """What the router knows of a request (pipeline/features.py computes it)."""
 
-    model_config = _STRICT
-    chars: NonNegativeInt
-    tokens: NonNegativeInt
+    model_config = _ROUTED
+    chars: Count
+    tokens: Count
     script: Script
     lang: str
     has_image: bool
-    image_bytes: NonNegativeInt
+    image_bytes: Count
     vip: bool
     question: bool
     complaint: bool
@@ -105,7 +138,7 @@ class Features(BaseModel):
 class EscalatedFrom(BaseModel):
     """The light tier's verdict carried along when it escalates a request."""
 
-    model_config = _STRICT
+    model_config = _ROUTED
     tier: Tier
     intent: str
     confidence: float
@@ -116,16 +149,16 @@ class EscalatedFrom(BaseModel):
 class RoutedRequest(BaseModel):
     """A validated request with its features and route (schemas/routed.v1.json), on a tier topic."""
 
-    model_config = _STRICT
+    model_config = _ROUTED
     request: Request
     features: Features
     tier: Tier
     route_reason: str
     degraded: bool
-    threshold_version: NonNegativeInt
+    threshold_version: Count
     escalate_below: Annotated[float, Field(ge=0.0, le=1.0)]
-    received_ms: NonNegativeInt
-    ingested_ms: NonNegativeInt
+    received_ms: Count
+    ingested_ms: Count
     replay: bool = False
     shadow: bool = False
     escalated_from: EscalatedFrom | None = None
@@ -251,7 +284,7 @@ def _plain_request(d: dict[str, Any]) -> bool:
         if type(v) is not str or (not 0 < len(v) <= 128 and "label" in d):
             return False
         v = d.get("ts", 0)
-        if type(v) is not int or v < 0:
+        if type(v) is not int or not 0 <= v <= MAX_TS:
             return False
     return True
 
@@ -285,12 +318,13 @@ def fast_routed(raw: bytes) -> dict[str, Any] | None:
     for k, t in _FEATURE_TYPES:
         if type(f[k]) is not t:
             return None
-    if (f["script"] not in _SCRIPTS or f["chars"] < 0 or f["tokens"] < 0 or f["image_bytes"] < 0
-            or d["tier"] not in _TIERS or type(d["route_reason"]) is not str or type(d["degraded"]) is not bool):
+    if (f["script"] not in _SCRIPTS or not 0 <= f["chars"] <= MAX_INT64 or not 0 <= f["tokens"] <= MAX_INT64
+            or not 0 <= f["image_bytes"] <= MAX_INT64 or d["tier"] not in _TIERS or type(d["route_reason"]) is not str
+            or type(d["degraded"]) is not bool):
         return None
     v, e, r, i = d["threshold_version"], d["escalate_below"], d["received_ms"], d["ingested_ms"]
-    if (type(v) is not int or v < 0 or type(e) is not float or not 0.0 <= e <= 1.0 or type(r) is not int or r < 0
-            or type(i) is not int or i < 0):
+    if (type(v) is not int or not 0 <= v <= MAX_INT64 or type(e) is not float or not 0.0 <= e <= 1.0
+            or type(r) is not int or not 0 <= r <= MAX_INT64 or type(i) is not int or not 0 <= i <= MAX_INT64):
         return None
     if type(d["replay"]) is not bool or type(d["shadow"]) is not bool:
         return None

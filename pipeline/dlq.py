@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from confluent_kafka import Message, Producer
 
 from pipeline import metrics
-from pipeline.kafka import DeliveryTracker, Headers, make_output_producer, produce, topics_of
+from pipeline.errors import InvalidMessage
+from pipeline.kafka import (
+    RECORD_OVERHEAD,
+    DeliveryTracker,
+    Headers,
+    make_output_producer,
+    produce,
+    producer_limit,
+    record_parts,
+    topics_of,
+)
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 1000
 
 
+ERROR_HEADERS = ("x-error", "x-error-kind", "x-source-topic", "x-source-partition", "x-source-offset", "x-stage",
+                 "x-failed-at")
+
+
 def error_headers(kind: str, reason: str, stage: str, source: str, partition: int, offset: int) -> Headers:
-    """The headers that explain a dead letter (schemas/dlq.v1.json)."""
+    """The headers that explain a dead letter (schemas/dlq.v1.json), in the order of ERROR_HEADERS."""
     return [
         ("x-error", reason[:MAX_REASON_CHARS].encode("utf-8", "replace")),
         ("x-error-kind", kind.encode()),
@@ -42,21 +59,67 @@ def _pairs(msg: Message) -> list[tuple[str, bytes | None]]:
     return [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
 
 
-def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: str, stage: str,
-           on_delivery: Any = None, max_bytes: int = 1 << 20) -> None:
-    """Send `msg` (its original key and value) to the dead-letter topic with the reason.
+def fit(value: bytes, key: bytes | None, headers: Headers, limit: int,
+        keep: int = 0) -> tuple[bytes, bytes | None, Headers] | None:
+    """A dead letter cut down to fit `limit`: the biggest of the value, the key and the record's own header values
+    is cut first, as little as needed, then the next. Where header names and framing are the bulk (thousands of
+    headers), the record's own headers go altogether first. `x-truncated` says what was cut and its original
+    size in bytes (e.g. ``key=9000000``). The first `keep` headers (the error headers) are never cut. None when
+    even that does not fit."""
+    parts = record_parts(value, key, headers)
+    if sum(parts.values()) + RECORD_OVERHEAD <= limit:
+        return value, key, headers
+    own, src = list(headers[:keep]), list(headers[keep:])
+    note_room = 512  # the x-truncated header itself
+    # Running sizes: a record may carry thousands of headers, so nothing is recounted per cut.
+    over = sum(parts.values()) + RECORD_OVERHEAD + note_room - limit
+    # (name, current bytes) of every part that can be cut; header parts by their index in src
+    pieces: dict[str, bytes] = {"value": value, "key": key or b""}
+    pieces.update({f"header:{i}": v.encode() if isinstance(v, str) else v or b"" for i, (_, v) in enumerate(src)})
+    cut: dict[str, int] = {}
+    if src and over > sum(len(v) for v in pieces.values()):  # names and framing are the bulk: the headers go
+        over -= parts["headers"]
+        cut["headers"] = len(src)
+        src, pieces = [], {"value": value, "key": key or b""}
+    while over > 0:
+        name = max(pieces, key=lambda n: len(pieces[n]))
+        data = pieces[name]
+        if not data:
+            return None
+        take = min(over, len(data))
+        cut.setdefault(name, len(data))
+        pieces[name] = data[:len(data) - take]
+        over -= take
+    value, key = pieces["value"], pieces["key"] or None
+    src = [(n, pieces[f"header:{i}"] if v else v) for i, (n, v) in enumerate(src)]
 
-    A value too big to produce again is cut to `max_bytes` less a margin for headers, and says so in
-    `x-truncated` (its original size): the reason and the source offset still let anyone find the rest.
+    def label(name: str) -> str:
+        if name.startswith("header:"):
+            return f"header:{headers[keep + int(name.split(':', 1)[1])][0]}"
+        return name
+
+    note = ",".join(f"{n}={cut[n]} dropped" if n == "headers" else f"{label(n)}={cut[n]}" for n in cut)
+    return value, key, [*own, *src, ("x-truncated", note[:note_room - 32].encode("utf-8", "replace"))]
+
+
+def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: str, stage: str,
+           on_delivery: Any = None, max_bytes: int = 1 << 20) -> bool:
+    """Send `msg` (its original key, value and headers) to the dead-letter topic with the reason.
+
+    What cannot be written as it is, is cut to fit (see `fit`): the reason and the source offset still let anyone
+    find the rest. Returns False when even the cut record cannot be written: the caller counts it as skipped.
     """
-    metrics.DLQ.labels(stage, kind).inc()
-    value = msg.value() or b""
     headers = dlq_headers(msg, kind, reason, stage)
-    room = max(0, max_bytes - 64 * 1024)
-    if len(value) > room:
-        headers.append(("x-truncated", str(len(value)).encode()))
-        value = value[:room]
-    produce(producer, dlq_topic, value, key=msg.key(), headers=headers, on_delivery=on_delivery)
+    fitted = fit(msg.value() or b"", msg.key(), headers, producer_limit(max_bytes), keep=len(ERROR_HEADERS))
+    if fitted is None:
+        return False
+    value, key, headers = fitted
+    try:
+        produce(producer, dlq_topic, value, key=key, headers=headers, on_delivery=on_delivery)
+    except InvalidMessage:
+        return False
+    metrics.DLQ.labels(stage, kind).inc()
+    return True
 
 
 def headers_dict(msg: Message) -> dict[str, str]:
@@ -80,19 +143,46 @@ class DeadLetters:
                                              **{"delivery.report.only.error": True})
         self.count = 0
 
-    def send(self, msg: Message, kind: str, reason: str, stage: str | None = None) -> None:
-        """Dead-letter a consumed record (its original key, value and headers) with the reason."""
-        to_dlq(self.producer, self.topic, msg, kind, reason, stage or self.stage, self.delivery, self.max_bytes)
-        self.count += 1
+    def send(self, msg: Message, kind: str, reason: str, stage: str | None = None) -> bool:
+        """Dead-letter a consumed record (its original key, value and headers, cut to fit) with the reason.
 
-    def send_raw(self, value: bytes, headers: Headers, key: bytes | None = None) -> None:
-        """Dead-letter bytes that did not come from a consumed record (a replayed file line)."""
-        produce(self.producer, self.topic, value, key=key, headers=headers, on_delivery=self.delivery)
+        False when even a cut copy cannot be written: the record is skipped (counted, logged once with its
+        coordinates) and its offset is committed with its batch, never retried.
+        """
+        stage = stage or self.stage
+        if to_dlq(self.producer, self.topic, msg, kind, reason, stage, self.delivery, self.max_bytes):
+            self.count += 1
+            return True
+        metrics.SKIPPED.labels(stage, kind).inc()
+        log.error("%s: skipped %s[%s]@%s (%s: %s): not even a truncated copy fits the dead-letter topic", stage,
+                  msg.topic(), msg.partition(), msg.offset(), kind, reason[:300])
+        return False
+
+    def send_raw(self, value: bytes, headers: Headers, key: bytes | None = None) -> bool:
+        """Dead-letter bytes that did not come from a consumed record (a replayed file line), cut to fit as
+        `send` does; `headers` are the error headers, never cut. False (counted, logged) when nothing fits."""
+        fitted = fit(value, key, headers, producer_limit(self.max_bytes), keep=len(headers))
+        if fitted is not None:
+            value, key, headers = fitted
+            try:
+                produce(self.producer, self.topic, value, key=key, headers=headers, on_delivery=self.delivery)
+            except InvalidMessage:
+                fitted = None
+        if fitted is None:
+            kind = next((v for k, v in headers if k == "x-error-kind"), b"unknown")
+            metrics.SKIPPED.labels(self.stage, kind.decode() if isinstance(kind, bytes) else str(kind)).inc()
+            log.error("%s: skipped a %d-byte record: not even a truncated copy fits the dead-letter topic",
+                      self.stage, len(value))
+            return False
         self.count += 1
+        return True
 
     def flush(self, timeout: float) -> bool:
         """Wait until every dead letter is acknowledged. False (and the failures reset) when any was not."""
         left = self.producer.flush(timeout) if len(self.producer) else 0
         ok = left == 0 and not self.delivery.failed
+        if not ok:
+            log.error("%s: %d dead letters not acknowledged, %d still queued: %s", self.stage, self.delivery.failed,
+                      left, "; ".join(self.delivery.errors) or "timed out")
         self.delivery.reset()
         return ok

@@ -27,8 +27,10 @@ from pipeline.errors import InvalidMessage, InvalidThresholds
 from pipeline.health import HealthLimits, HealthState, assess
 from pipeline.heartbeats import AGENT, Heartbeat, observe
 from pipeline.kafka import (
+    CRASH_MARK,
     DeliveryTracker,
     commit,
+    coordinates,
     lag_of,
     make_member,
     make_producer,
@@ -128,6 +130,7 @@ class Ingest:
         self.producer = make_producer(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True})
         self.stats = IngestStats()
         self.ready = False  # partitions assigned: a request sent now is routed without waiting for a join
+        self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
         self.heartbeat = Heartbeat(self.r, settings.redis_prefix, AGENT, f"ingest-{socket.gethostname()}-{os.getpid()}",
                                    settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self.status)
         self._stop = threading.Event()
@@ -153,6 +156,9 @@ class Ingest:
         try:
             while not self._stop.is_set():
                 self.step(timeout=0.1)
+        except Exception:
+            log.critical("ingest: %s%s", CRASH_MARK, self.batch_at)
+            raise
         finally:
             self.close()
 
@@ -196,11 +202,15 @@ class Ingest:
         now_ms = int(time.time() * 1000)
         routed: Counter[Route] = Counter()
         for msg in msgs:
-            self._route_replay(msg, health, now_ms, routed)
+            try:
+                self._route_replay(msg, health, now_ms, routed)
+            except Exception as e:  # noqa: BLE001 - as in the live loop: one record never stops the lane
+                self._internal(msg, e)
         metrics.REQUESTS_IN.labels("replay").inc(len(msgs))
         _count_routes(routed)
 
     def _step_live(self, msgs: list[Message]) -> int:
+        self.batch_at = coordinates(msgs)
         t0 = time.perf_counter()
         th = self.cache.current
         health = self.monitor.health if self.monitor else HEALTHY
@@ -235,31 +245,41 @@ class Ingest:
         extract, dumps, dests, produce_ = features.extract_fields, orjson.dumps, env.dests, self.producer.produce
         head, tail = b'{"request":', env.tail
         for msg in msgs:
-            raw = msg.value()
             if msg.error() is not None:
                 errors += 1
                 self._consume_error(msg)
                 continue
-            d = fast_request(raw) if raw is not None and fast_ok else None
-            if raw is None or d is None:
-                self._route_one(msg, th, health, now_ms, routed)
-                continue
-            user_id = d.get("user_id")
-            feats = extract(d["text"], d.get("lang"), False, 0, user_id in vips)
-            r = route(feats, length, health)
-            topic, route_json = dests.get(r) or env.dest(r)
-            ts_type, ts = msg.timestamp()
-            value = b"".join((head, raw, b',"features":', dumps(feats), b',"received_ms":',
-                              b"%d," % (ts if ts_type and ts > 0 else (d.get("ts") or now_ms)), route_json, tail))
-            key = msg.key() or (user_id or d["id"]).encode()
-            try:
-                produce_(topic, value, key)
-            except (BufferError, KafkaException):
-                if not self._produce_slow(msg, topic, value, key):
+            try:  # zero-cost while nothing raises: the last line of defence for one record
+                raw = msg.value()
+                d = fast_request(raw) if raw is not None and fast_ok else None
+                if raw is None or d is None:
+                    self._route_one(msg, th, health, now_ms, routed)
                     continue
-            routed[r] += 1
+                user_id = d.get("user_id")
+                feats = extract(d["text"], d.get("lang"), False, 0, user_id in vips)
+                r = route(feats, length, health)
+                topic, route_json = dests.get(r) or env.dest(r)
+                ts_type, ts = msg.timestamp()
+                value = b"".join((head, raw, b',"features":', dumps(feats), b',"received_ms":',
+                                  b"%d," % (ts if ts_type and ts > 0 else (d.get("ts") or now_ms)), route_json,
+                                  tail))
+                key = msg.key() or (user_id or d["id"]).encode()
+                try:
+                    produce_(topic, value, key)
+                except (BufferError, KafkaException):
+                    if not self._produce_slow(msg, topic, value, key):
+                        continue
+                routed[r] += 1
+            except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the pipeline
+                self._internal(msg, e)
         self.stats.routed += sum(routed.values())
         return [m for m in msgs if m.error() is None] if errors else msgs
+
+    def _internal(self, msg: Message, e: Exception) -> None:
+        """A record that raised in tierflow's own code: to the DLQ (kind internal) with the exception; go on."""
+        log.exception("ingest: %s[%s]@%s raised; dead-lettered", msg.topic(), msg.partition(), msg.offset())
+        self.dlq.send(msg, "internal", f"{type(e).__name__}: {e}")
+        self.stats.dead += 1
 
     def _consume_error(self, msg: Message) -> None:
         err = msg.error()
@@ -272,10 +292,9 @@ class Ingest:
         try:
             produce(self.producer, topic, value, key)
             return True
-        except InvalidMessage:
-            # A valid request whose routed record is too big to produce (an image near the limit).
-            self.dlq.send(msg, "oversize",
-                          f"routed record is {len(value)} bytes, over max_message_bytes {self.s.max_message_bytes}")
+        except InvalidMessage as e:
+            # A valid request whose routed record cannot be written (an image near the limit, a huge key).
+            self.dlq.send(msg, "oversize", e.reason)
             self.stats.dead += 1
             return False
 
@@ -354,10 +373,9 @@ class Ingest:
         self.stats.routed += 1
 
     def _send_replay(self, raw: bytes | None, tail: dict[str, object], r: Route, key: bytes, shadow: bool) -> None:
-        """To the backfill tier topics; `shadow` runs both light and heavy and answers nobody."""
-        if len(raw or b"") + 2048 > self.s.max_message_bytes:
-            raise InvalidMessage("oversize", f"routed record would be over max_message_bytes "
-                                             f"{self.s.max_message_bytes}")
+        """To the backfill tier topics; `shadow` runs both light and heavy and answers nobody.
+
+        A record too big to write raises InvalidMessage (produce() names the part that is too big)."""
         if shadow:
             for tier in (Tier.LIGHT, Tier.HEAVY):
                 tail.update(tier=tier, shadow=True, route_reason=f"replay_shadow:{r.reason}")

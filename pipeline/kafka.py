@@ -68,7 +68,7 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
     conf.update({
         "linger.ms": 2,
         "acks": "all",
-        "message.max.bytes": settings.max_message_bytes,
+        "message.max.bytes": producer_limit(settings.max_message_bytes),
         "queue.buffering.max.messages": 1_000_000,
         "batch.num.messages": 10_000,
         "compression.type": settings.kafka_compression,
@@ -118,9 +118,52 @@ def make_admin(settings: Settings) -> AdminClient:
 Headers = list[tuple[str, str | bytes | None]]
 
 
+# What librdkafka counts against message.max.bytes besides key, value and headers (measured: about 40 bytes per
+# record, a few per header), rounded up. A record batch adds 61 bytes of its own, which the broker counts against
+# the topic's max.message.bytes: producers take BATCH_OVERHEAD off the limit, so a record librdkafka accepts is
+# one the broker accepts, not a batch failure retried forever.
+RECORD_OVERHEAD = 64
+HEADER_OVERHEAD = 8
+BATCH_OVERHEAD = 128
+
+
+def producer_limit(max_message_bytes: int) -> int:
+    """The largest record (key + value + headers + overhead) tierflow's producers write to a topic."""
+    return max_message_bytes - BATCH_OVERHEAD
+
+
+def _nbytes(x: bytes | str | None) -> int:
+    return 0 if x is None else len(x.encode() if isinstance(x, str) else x)
+
+
+def record_parts(value: bytes | None, key: bytes | str | None, headers: Headers | None) -> dict[str, int]:
+    """The bytes of a record's value, key and headers (names, values and their framing)."""
+    return {"value": _nbytes(value), "key": _nbytes(key),
+            "headers": sum(_nbytes(k) + _nbytes(v) + HEADER_OVERHEAD for k, v in headers or [])}
+
+
+def oversize_reason(what: str, value: bytes | None, key: bytes | str | None, headers: Headers | None,
+                    limit: int | None) -> str | None:
+    """Why a record cannot be written under `limit` (None: it can), naming its biggest part and every size.
+
+    `limit` None: the producer already refused it (its message.max.bytes), say so without a number.
+    """
+    parts = record_parts(value, key, headers)
+    total = sum(parts.values()) + RECORD_OVERHEAD
+    if limit is not None and total <= limit:
+        return None
+    big = max(parts, key=lambda k: parts[k])
+    over = f"the {limit:,}-byte record limit" if limit is not None else "the producer's message.max.bytes"
+    return (f"{what}: its {big} is {parts[big]:,} bytes (value {parts['value']:,} + key {parts['key']:,} + "
+            f"headers {parts['headers']:,} = {total:,} bytes with framing, over {over})")
+
+
 def produce(producer: Producer, topic: str, value: bytes, key: bytes | str | None = None,
             headers: Headers | None = None, on_delivery: Any = None) -> None:
-    """Produce, waiting for queue space instead of failing when the local buffer is full."""
+    """Produce, waiting for queue space instead of failing when the local buffer is full.
+
+    A record too big to write raises InvalidMessage("oversize") whose reason names the part that is too big.
+    """
     while True:
         try:
             producer.produce(topic, value, key=key, headers=headers, on_delivery=on_delivery)
@@ -129,9 +172,20 @@ def produce(producer: Producer, topic: str, value: bytes, key: bytes | str | Non
             producer.poll(0.05)
         except KafkaException as e:
             if e.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                raise InvalidMessage("oversize", f"a {len(value)}-byte record for {topic} is over the "
-                                                 "producer's message.max.bytes") from None
+                why = oversize_reason(f"the record for {topic}", value, key, headers, None)
+                raise InvalidMessage("oversize", why or f"the record for {topic} is too big") from None
             raise
+
+
+def coordinates(msgs: list[Message]) -> str:
+    """Where a batch starts, as `topic[partition]@offset`: what an agent names when it dies handling it."""
+    if not msgs:
+        return "-"
+    m = msgs[0]
+    return f"{m.topic()}[{m.partition()}]@{m.offset()}"
+
+
+CRASH_MARK = "crashed handling the batch at "  # `tierflow up` reads it in a dead agent's log (pipeline.cli)
 
 
 def poll_batch(consumer: Consumer, max_size: int, timeout: float) -> list[Message]:

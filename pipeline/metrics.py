@@ -54,6 +54,8 @@ TIER_P95 = Gauge("tierflow_tier_latency_p95_seconds", "Windowed p95 end-to-end l
 # --- infrastructure ---
 BROKER_ERRORS = Counter("tierflow_broker_errors_total", "Kafka client errors", ["component", "code"])
 REDIS_ERRORS = Counter("tierflow_redis_errors_total", "Redis errors", ["component"])
+SKIPPED = Counter("tierflow_skipped_total", "Records skipped: neither processable nor writable to the DLQ, even cut",
+                  ["stage", "kind"])
 DELIVERY_FAILED = Counter("tierflow_delivery_failed_total", "Produced records the broker did not accept",
                           ["topic"])
 

@@ -547,19 +547,24 @@ class Replayer:
 
     def _send_chunk(self, chunk: list[tuple[Any, bytes]], headers: Headers, summary: ReplaySummary,
                     force: bool, key: str) -> None:
-        parsed: list[tuple[bytes, Any]] = []
+        parsed: list[tuple[Any, bytes, Any]] = []
         for pos, raw in chunk:
             try:
-                parsed.append((raw, decode_request(raw, self.s.max_message_bytes)))
+                parsed.append((pos, raw, decode_request(raw, self.s.max_message_bytes)))
             except InvalidMessage as e:
                 self._dead(raw, e, self.source_name, pos)
                 summary.invalid += 1
-        answered = self._answered([req.id for _, req in parsed]) if not force else set()
-        for raw, req in parsed:
+        answered = self._answered([req.id for _, _, req in parsed]) if not force else set()
+        for pos, raw, req in parsed:
             if req.id in answered:
                 summary.skipped += 1
                 continue
-            produce(self.producer, self.topics.replay, raw, key=(req.user_id or req.id), headers=headers)
+            try:
+                produce(self.producer, self.topics.replay, raw, key=(req.user_id or req.id), headers=headers)
+            except InvalidMessage as e:  # fits its source, not with the replay headers: dead-letter, go on
+                self._dead(raw, e, self.source_name, pos)
+                summary.invalid += 1
+                continue
             summary.sent += 1
             if len(summary.ids) < 1_000_000:
                 summary.ids.append(req.id)

@@ -25,8 +25,10 @@ from pipeline.dlq import DeadLetters
 from pipeline.errors import InvalidMessage
 from pipeline.heartbeats import RECENT_S, Heartbeat, LatencyWindow
 from pipeline.kafka import (
+    CRASH_MARK,
     DeliveryTracker,
     commit,
+    coordinates,
     lag_of,
     make_member,
     make_output_producer,
@@ -150,6 +152,7 @@ class Worker:
         self.stats = WorkerStats()
         self.lag = 0
         self.ready = False
+        self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
         # (kind, model, inference ms, queue ms, answered total ms) per item, counted once the batch is flushed
         self._observed: list[tuple[str, str, float, float, float | None]] = []
         self.heartbeat: Heartbeat | None = None
@@ -187,6 +190,9 @@ class Worker:
         try:
             while not self._stop.is_set():
                 self.step()
+        except Exception:
+            log.critical("%s: %s%s", self.worker_id, CRASH_MARK, self.batch_at)
+            raise
         finally:
             self.heartbeat.stop()
             self.producer.flush(self.s.flush_timeout_s)
@@ -211,6 +217,7 @@ class Worker:
         if not live:
             self.lag = lag_of(self.consumer)
             return 0
+        self.batch_at = coordinates(live)
         if self.transactional:
             self.producer.begin_transaction()
         self._process(live, self.producer)
@@ -240,6 +247,8 @@ class Worker:
                 routed.append((msg, d, Item(rr.request.text or "", rr.features.lang, image)))
             except InvalidMessage as e:
                 self._dead(msg, e.kind, e.reason)
+            except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the worker
+                self._internal(msg, e)
         t0 = time.perf_counter()
         preds = self._predict(routed)
         injected = self.heartbeat.injected_latency_ms if self.heartbeat else 0.0
@@ -251,8 +260,14 @@ class Worker:
         self._observed = []
         fresh = self._first_replay_answers([d for _, d, _ in routed])
         for (msg, d, _), pred in zip(routed, preds, strict=True):
-            if pred is not None:
+            if pred is None:
+                continue
+            try:
                 self._emit(msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
+            except InvalidMessage as e:  # its outputs cannot be written (a huge key): the reason names the part
+                self._dead(msg, e.kind, e.reason)
+            except Exception as e:  # noqa: BLE001 - the last line of defence for one record
+                self._internal(msg, e)
 
     def _first_replay_answers(self, batch: list[dict[str, Any]]) -> set[str] | None:
         """Replayed ids that have not been answered by a replay before (None: Redis unavailable, answer all).
@@ -369,6 +384,12 @@ class Worker:
                 self._dead(msg, e.kind, f"escalation to heavy failed: {e.reason}")
         elif final and not repeat:
             produce(out, self.topics.answers, answer_json, key)
+
+    def _internal(self, msg: Message, e: Exception) -> None:
+        """A record that raised in tierflow's own code: to the DLQ (kind internal) with the exception; go on."""
+        log.exception("%s: %s[%s]@%s raised; dead-lettered", self.worker_id, msg.topic(), msg.partition(),
+                      msg.offset())
+        self._dead(msg, "internal", f"{type(e).__name__}: {e}")
 
     def _dead(self, msg: Message, kind: str, reason: str) -> None:
         self.dlq.send(msg, kind, reason)

@@ -10,12 +10,27 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pipeline.settings import Settings
+
+# Every fault test accounts for every record it sent, reading the outputs as they come; on a loaded 2-core box a
+# reader may lag by seconds. The embedded noida keeps 1 MiB a partition by default, which a run of poison with
+# huge keys and headers passes in seconds: records would expire before they are read (measured: 765 of 10,407
+# dead letters gone). So fault tests keep more, on every broker that bounds retention.
+KEEP_BYTES = 64 * 1024 * 1024
+
+
+@pytest.fixture
+def settings_factory(settings_factory: Callable[..., Settings]) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        return settings_factory(**{"topic_retention_bytes": KEEP_BYTES, **overrides})
+    return make
 
 
 @dataclass

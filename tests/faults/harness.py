@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 from pipeline.answers import Deduper
 from pipeline.devstack import AGENTS, Stack
 from pipeline.dlq import headers_dict
-from pipeline.kafka import make_consumer, make_producer, topics_of
+from pipeline.kafka import Headers, make_consumer, make_producer, topics_of
 from pipeline.settings import Settings
 
 # Every tier answers with the echo backend: the suite measures the pipeline, not a model.
@@ -228,30 +228,52 @@ def cli(settings: Settings, *args: str, timeout: float = 60.0) -> str:
 
 
 # --------------------------------------------------------------------------- traffic
+Coords = tuple[str, int, int]  # (topic, partition, offset) of a record, as its delivery report gave them
+
+
 @dataclass
 class Sent:
-    """What the test asked the broker to take, and what it acknowledged."""
+    """What the test asked the broker to take, and what it acknowledged.
+
+    Ids are the test's logical names for records. Most records carry their id as their key; a record sent with
+    an `Envelope` of its own (a hostile key) is found on the DLQ by its coordinates instead (`coords`).
+    """
 
     valid: dict[str, str] = field(default_factory=dict)  # request id -> kind
-    invalid: dict[str, str] = field(default_factory=dict)  # record key -> poison category
+    invalid: dict[str, str] = field(default_factory=dict)  # record key (or logical id) -> poison category
     acked: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # id/key -> delivery error
     sent_at: dict[str, float] = field(default_factory=dict)  # id/key -> time.monotonic() of produce()
+    coords: dict[str, Coords] = field(default_factory=dict)  # id/key -> where the broker wrote it
 
     def on_delivery(self, key: str) -> Callable[[KafkaError | None, Message], None]:
         def cb(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 self.acked.add(key)
+                self.coords[key] = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
             else:
                 self.failed[key] = err.str()
         return cb
 
 
-def send(producer: Producer, topic: str, key: str, value: bytes | None, sent: Sent) -> None:
+@dataclass(frozen=True)
+class Envelope:
+    """A record's key and headers when they are not simply its logical id as the key (hostile records)."""
+
+    key: bytes | None
+    headers: Headers | None = None
+    label: str = ""  # what is hostile about it, e.g. "key:binary+headers:many"
+
+
+def send(producer: Producer, topic: str, key: str, value: bytes | None, sent: Sent,
+         envelope: Envelope | None = None) -> None:
+    """Produce `value` under the logical id `key`: as its key, or with `envelope`'s key and headers."""
     sent.sent_at[key] = time.monotonic()
+    wire_key = key.encode() if envelope is None else envelope.key
+    headers = None if envelope is None else envelope.headers
     while True:
         try:
-            producer.produce(topic, value, key=key.encode(), on_delivery=sent.on_delivery(key))
+            producer.produce(topic, value, key=wire_key, headers=headers, on_delivery=sent.on_delivery(key))
             break
         except BufferError:
             producer.poll(0.05)
@@ -328,12 +350,13 @@ class Seen:
 
 @dataclass(frozen=True, slots=True)
 class Dead:
-    """One dead letter: its key, reason headers and stage."""
+    """One dead letter: its key, reason headers, stage and where its record came from (x-source-*)."""
 
     key: str
     kind: str
     error: str
     stage: str
+    source: Coords | None = None  # (x-source-topic, x-source-partition, x-source-offset)
 
 
 class Observer:
@@ -378,7 +401,7 @@ class Observer:
                 else:
                     h = headers_dict(m)
                     dead.append(Dead((m.key() or b"").decode("utf-8", "replace"), h.get("x-error-kind", ""),
-                                     h.get("x-error", ""), h.get("x-stage", "")))
+                                     h.get("x-error", ""), h.get("x-stage", ""), _source(h)))
             if seen or dead:
                 with self._lock:
                     self.answers.extend(seen)
@@ -392,19 +415,43 @@ class Observer:
         with self._lock:
             return {d.key for d in self.dead}
 
+    def dead_coords(self) -> set[Coords]:
+        """Where the dead-lettered records came from (their x-source-* headers)."""
+        with self._lock:
+            return {d.source for d in self.dead if d.source is not None}
+
+    def dead_by_source(self) -> dict[Coords, Dead]:
+        """The last dead letter of each source record, by its coordinates."""
+        with self._lock:
+            return {d.source: d for d in self.dead if d.source is not None}
+
     def wait_for(self, sent: Sent, timeout: float, settle_s: float = 2.0) -> float:
         """Until every acknowledged valid id is answered and every acknowledged invalid key is dead-lettered
-        (or `timeout`), then `settle_s` more for late duplicates. Returns the seconds waited."""
+        (by its key or its coordinates; or `timeout`), then `settle_s` more for late duplicates. Returns the
+        seconds waited."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             valid = {i for i in sent.valid if i in sent.acked}
             invalid = {k for k in sent.invalid if k in sent.acked}
-            if valid <= self.answered_ids() and invalid <= self.dead_keys():
+            if valid <= self.answered_ids() and not _missing(invalid, sent, self.dead_keys(), self.dead_coords()):
                 break
             time.sleep(0.2)
         waited = time.monotonic() - t0
         time.sleep(settle_s)
         return waited
+
+
+def _source(h: dict[str, str]) -> Coords | None:
+    """A dead letter's x-source-topic/partition/offset, None where they are absent or not numbers."""
+    try:
+        return h["x-source-topic"], int(h["x-source-partition"]), int(h["x-source-offset"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _missing(ids: set[str], sent: Sent, keys: set[str], coords: set[Coords]) -> set[str]:
+    """The ids in `ids` on the DLQ neither by their key nor by their coordinates."""
+    return {i for i in ids if i not in keys and sent.coords.get(i) not in coords}
 
 
 # --------------------------------------------------------------------------- invariants
@@ -454,7 +501,7 @@ class Verdict:
 
 def verify(sent: Sent, obs: Observer, duplicate_bound: int | None = None) -> Verdict:
     """Every acknowledged valid id answered exactly once after dedupe, every invalid one dead-lettered with a
-    reason, nothing else; raw duplicates within `duplicate_bound`."""
+    reason (found by its key or by its coordinates), nothing else; raw duplicates within `duplicate_bound`."""
     valid = {i for i in sent.valid if i in sent.acked}
     invalid = {k for k in sent.invalid if k in sent.acked}
     with obs._lock:
@@ -464,14 +511,16 @@ def verify(sent: Sent, obs: Observer, duplicate_bound: int | None = None) -> Ver
     firsts = [a for a in answers if dedupe.first(a.request_id)]
     answered = {a.request_id for a in firsts}
     dead_keys = {d.key for d in dead}
+    dead_coords = {d.source for d in dead if d.source is not None}
+    missing = _missing(invalid, sent, dead_keys, dead_coords)
     return Verdict(
         sent_valid=len(sent.valid), sent_invalid=len(sent.invalid),
         not_acked=len(sent.valid) + len(sent.invalid) - len(valid) - len(invalid),
         answered=len(answered), raw_answers=len(answers), duplicates=dedupe.duplicates,
         duplicate_bound=duplicate_bound,
         lost=sorted(valid - answered), unexpected=sorted(answered - valid),
-        dead_lettered=len(dead_keys & invalid), invalid_missing=sorted(invalid - dead_keys),
-        valid_dead=sorted(dead_keys & valid),
+        dead_lettered=len(invalid - missing), invalid_missing=sorted(missing),
+        valid_dead=sorted(valid - _missing(valid, sent, dead_keys, dead_coords)),
         dead_without_reason=sum(1 for d in dead if not d.error or not d.kind),
         by_tier=dict(Counter(a.tier for a in firsts)),
         dead_by_kind=dict(Counter(d.kind for d in dead)),

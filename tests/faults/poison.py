@@ -3,12 +3,19 @@
 Each strategy yields `(category, raw bytes or None)`. Nothing here is schema-valid: JSON-shaped cases are
 checked against schemas/request.v1.json, and the image cases are valid JSON whose image bytes are not a
 decodable image within limits (ingest checks magic bytes and size; the multimodal worker decodes).
+
+Numbers are varied out of every range (`ts` beyond 2^53 - 1 or negative, `meta` values nested a few levels deep
+beyond ±(2^63 - 1), NaN/Infinity literals, floats beyond a double written as text), for ingest and for routed
+records written straight to a tier topic (`ROUTED_POISON`, checked against schemas/routed.v1.json). `envelopes`
+varies what a record carries besides its value: null, empty, huge and non-UTF-8 keys, and many, huge,
+non-UTF-8 and duplicated headers.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import random
 import struct
 import zlib
 from functools import cache
@@ -19,7 +26,10 @@ import jsonschema
 import orjson
 from hypothesis import strategies as st
 
-from pipeline.contracts import MAX_IMAGE_BYTES, MAX_TEXT_CHARS
+import schemas
+from pipeline.contracts import MAX_IMAGE_BYTES, MAX_META_DEPTH, MAX_META_NUMBER, MAX_TEXT_CHARS, MAX_TS
+from pipeline.kafka import Headers, record_parts
+from tests.faults.harness import Envelope
 
 Poison = tuple[str, bytes | None]
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "request.v1.json"
@@ -28,7 +38,8 @@ WORKER_CATEGORIES = frozenset({"image_bomb", "corrupt_image"})
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON bytes; the stdlib encoder, since hypothesis draws integers beyond 64 bits."""
+    """Compact JSON bytes; the stdlib encoder, since hypothesis draws integers beyond 64 bits (and it writes the
+    NaN and Infinity literals, which are not JSON, for floats that are not finite)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -237,9 +248,83 @@ def tombstones(draw: st.DrawFn) -> Poison:
     return "null_record", draw(st.sampled_from([None, b""]))
 
 
+# --------------------------------------------------------------------------- numbers out of every range
+NUMBER_CATEGORIES = frozenset({"ts_out_of_range", "meta_out_of_range", "non_finite", "huge_float"})
+# Integers no signed 64-bit reader keeps (edges included), and floats beyond the same range.
+beyond_64 = st.one_of(st.integers(MAX_META_NUMBER + 1, 2**80), st.integers(-(2**80), -MAX_META_NUMBER - 1),
+                      st.sampled_from([MAX_META_NUMBER + 1, -MAX_META_NUMBER - 1, 2**64 - 1, 2**64, -(2**64),
+                                       10**100]),
+                      st.floats(min_value=2.0**63, max_value=1.7e308),
+                      st.floats(min_value=-1.7e308, max_value=-(2.0**63)))
+ts_beyond = st.one_of(st.integers(MAX_TS + 1, 2**80), st.integers(-(2**80), -1),
+                      st.sampled_from([MAX_TS + 1, 2**63 - 1, 2**63, 2**64, -(2**63)]))
+non_finite = st.sampled_from([float("nan"), float("inf"), float("-inf")])  # dumps: NaN, Infinity, -Infinity
+# Numbers a double cannot hold, as text: JSON's grammar allows them; every parser must refuse or reject them.
+HUGE_FLOAT_TEXTS = ("1e400", "-1e400", "1E+999", "123.456e1000", "-0.5e310", "9" * 400 + ".0", "1e99999")
+_HUGE = "@@huge-float@@"  # where dumps' output gets the text
+portable = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000), st.text(max_size=4),
+                     st.floats(-1e6, 1e6, allow_nan=False))
+
+
+@st.composite
+def nested(draw: st.DrawFn, leaf: Any, max_levels: int = 4) -> Any:
+    """`leaf` inside up to `max_levels` dicts and lists, beside portable siblings (never deeper than meta may be)."""
+    value = leaf
+    for _ in range(draw(st.integers(0, min(max_levels, MAX_META_DEPTH - 2)))):
+        if draw(st.booleans()):
+            d = draw(st.dictionaries(st.text(min_size=1, max_size=4), portable, max_size=2))
+            d[draw(st.text(min_size=1, max_size=6))] = value
+            value = d
+        else:
+            items = draw(st.lists(portable, max_size=3))
+            items.insert(draw(st.integers(0, len(items))), value)
+            value = items
+    return value
+
+
+@st.composite
+def meta_with(draw: st.DrawFn, leaf: Any) -> dict[str, Any]:
+    meta = draw(st.dictionaries(st.text(min_size=1, max_size=4), portable, max_size=2))
+    meta[draw(st.text(min_size=1, max_size=6))] = draw(nested(leaf))
+    return meta
+
+
+@st.composite
+def ts_out_of_range(draw: st.DrawFn) -> Poison:
+    return "ts_out_of_range", dumps({**draw(base), "ts": draw(ts_beyond)})
+
+
+@st.composite
+def meta_out_of_range(draw: st.DrawFn) -> Poison:
+    return "meta_out_of_range", dumps({**draw(base), "meta": draw(meta_with(draw(beyond_64)))})
+
+
+@st.composite
+def non_finite_numbers(draw: st.DrawFn) -> Poison:
+    """NaN, Infinity or -Infinity (not JSON, but what json.dumps writes) in meta, ts or any field."""
+    doc = draw(base)
+    where = draw(st.sampled_from(["meta", "ts", "id", "text", "user_id", "lang", "label"]))
+    x = draw(non_finite)
+    doc[where] = draw(meta_with(x)) if where == "meta" else x
+    return "non_finite", dumps(doc)
+
+
+@st.composite
+def huge_floats(draw: st.DrawFn) -> Poison:
+    """A number beyond a double (1e400), written as text, in meta (nested) or ts."""
+    doc = draw(base)
+    if draw(st.booleans()):
+        doc["meta"] = draw(meta_with(_HUGE))
+    else:
+        doc["ts"] = _HUGE
+    text = draw(st.sampled_from(HUGE_FLOAT_TEXTS)).encode()
+    return "huge_float", dumps(doc).replace(f'"{_HUGE}"'.encode(), text)
+
+
 POISON = st.one_of(garbage(), truncated(), wrong_types(), explicit_nulls(), unknown_fields(), missing_required(),
                    not_objects(), huge_texts(), bad_base64(), wrong_magic(), wrong_encodings(), null_bytes(),
-                   deep_nesting(), tombstones(), image_bombs(), corrupt_images())
+                   deep_nesting(), tombstones(), image_bombs(), corrupt_images(), ts_out_of_range(),
+                   meta_out_of_range(), non_finite_numbers(), huge_floats())
 
 
 def _undecodable(raw: bytes) -> bool:
@@ -267,15 +352,233 @@ def oversize_images(n: int) -> list[Poison]:
             for i in range(n)]
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(raw: bytes) -> Any:
+    """`raw` as RFC 8259 JSON, numbers exact: UTF-8 only, NaN/Infinity refused (Python's json.loads would take
+    them, and a UTF-16 document), big integers kept whole, 1e400 read as infinity (what a number beyond a
+    double is to a schema: over any maximum). Raises ValueError where it is not JSON."""
+    return json.loads(raw.decode("utf-8"), parse_constant=_not_json)
+
+
 def is_poison(category: str, raw: bytes | None) -> bool:
     """The generator's own check: a JSON-level case must be schema-invalid. Images are judged by decoders, and
-    `meta` deeper than 8 levels by the contract (pipeline.contracts.MAX_META_DEPTH), not the schema."""
+    `meta` deeper than 8 levels by the contract (pipeline.contracts.MAX_META_DEPTH), not the schema. Numbers are
+    judged exactly: NaN and Infinity are not JSON at all, 2^64 is not rounded to a double (as orjson would)."""
     if category in WORKER_CATEGORIES and raw is not None:
         return _undecodable(raw)
     if raw is None or category in BY_CONSTRUCTION:
         return True
+    if category in NUMBER_CATEGORIES:
+        try:
+            return schema_invalid(strict_json(raw))
+        except ValueError:  # NaN / Infinity: not JSON
+            return category == "non_finite"
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return True
     return schema_invalid(doc)
+
+
+# --------------------------------------------------------------------------- routed records (tier topics)
+def routed_doc(req: dict[str, Any]) -> dict[str, Any]:
+    """A routed record (schemas/routed.v1.json) as ingest writes it, around `req`."""
+    return {"request": req, "features": {"chars": 2, "tokens": 1, "script": "en", "lang": "en", "has_image": False,
+                                         "image_bytes": 0, "vip": False, "question": False, "complaint": False,
+                                         "urgent": False},
+            "tier": "light", "route_reason": "short", "degraded": False, "threshold_version": 1,
+            "escalate_below": 0.5, "received_ms": 1, "ingested_ms": 1, "replay": False, "shadow": False}
+
+
+ESCALATED = {"tier": "light", "intent": "card_arrival", "confidence": 0.3, "model": "echo", "inference_ms": 1.5}
+ROUTED_INTS = ("received_ms", "ingested_ms", "threshold_version", "features.chars", "features.tokens",
+               "features.image_bytes")
+ROUTED_FLOATS = ("escalate_below", "escalated_from.confidence", "escalated_from.inference_ms")
+
+
+def _put(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """`doc` with `value` at a dotted `path` (an absent parent is added: escalated_from)."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        return {**doc, head: value}
+    return {**doc, head: _put(dict(doc.get(head) or ESCALATED), rest, value)}
+
+
+@st.composite
+def routed_numbers(draw: st.DrawFn) -> Poison:
+    """A routed record, valid but for one number out of range: its request's ts or meta, a time, a version or a
+    feature count beyond 64 bits or negative."""
+    doc = routed_doc(draw(base))
+    where = draw(st.sampled_from(["request.ts", "request.meta", *ROUTED_INTS]))
+    if where == "request.ts":
+        value: Any = draw(ts_beyond)
+    elif where == "request.meta":
+        value = draw(meta_with(draw(beyond_64)))
+    else:
+        value = draw(st.one_of(st.integers(MAX_META_NUMBER + 1, 2**80), st.integers(-(2**80), -1),
+                               st.sampled_from([MAX_META_NUMBER + 1, 2**64 - 1, 2**64])))
+    return "routed_number", dumps(_put(doc, where, value))
+
+
+@st.composite
+def routed_non_finite(draw: st.DrawFn) -> Poison:
+    """NaN / Infinity (not JSON) or a number beyond a double written as text, in any number of a routed record."""
+    doc = routed_doc(draw(base))
+    where = draw(st.sampled_from(["request.ts", "request.meta", *ROUTED_INTS, *ROUTED_FLOATS]))
+    huge = draw(st.booleans())
+    leaf: Any = _HUGE if huge else draw(non_finite)
+    raw = dumps(_put(doc, where, draw(meta_with(leaf)) if where == "request.meta" else leaf))
+    if huge:
+        return "routed_huge_float", raw.replace(f'"{_HUGE}"'.encode(), draw(st.sampled_from(HUGE_FLOAT_TEXTS)).encode())
+    return "routed_non_finite", raw
+
+
+ROUTED_WRONG: dict[str, st.SearchStrategy[Any]] = {
+    "request": st.one_of(st.just({"id": "r"}), st.just([]), st.builds(lambda d: {**d, "extra": 1}, base),
+                         st.builds(lambda d: {**d, "id": 7}, base)),
+    "features": st.one_of(st.just({}), st.just(None), st.just({**routed_doc({})["features"], "script": "fr"}),
+                          st.just({**routed_doc({})["features"], "chars": "2"})),
+    "tier": st.sampled_from(["gpu", "", 1, None]),
+    "degraded": st.sampled_from([0, "no", None]),
+    "escalate_below": st.one_of(st.floats(1.0001, 10), st.floats(-10, -0.0001), st.just("0.5")),
+    "replay": st.sampled_from([0, 1, "true", None]),
+    "escalated_from": st.sampled_from([{}, {"tier": "gpu"}, "light", {**ESCALATED, "extra": 1}]),
+    "extra": st.integers(),
+}
+
+
+@st.composite
+def routed_wrong(draw: st.DrawFn) -> Poison:
+    doc = routed_doc(draw(base))
+    key = draw(st.sampled_from(sorted(ROUTED_WRONG)))
+    doc[key] = draw(ROUTED_WRONG[key])
+    if draw(st.booleans()):  # and a required field gone (replay and shadow: the model defaults them)
+        doc.pop(draw(st.sampled_from(["request", "features", "tier", "received_ms", "escalate_below"])), None)
+    return "routed_schema", dumps(doc)
+
+
+def _routed(category: str, s: st.SearchStrategy[Poison]) -> st.SearchStrategy[Poison]:
+    return s.map(lambda p: (category, p[1]))
+
+
+ROUTED_POISON = st.one_of(routed_numbers(), routed_non_finite(), routed_wrong(),
+                          _routed("routed_bad_json", st.one_of(garbage(), truncated(), null_bytes())),
+                          _routed("routed_not_object", not_objects()), _routed("routed_null", tombstones()))
+
+
+def is_routed_poison(category: str, raw: bytes | None) -> bool:
+    """A routed case must be invalid under schemas/routed.v1.json (numbers judged exactly), or not JSON."""
+    if raw is None:
+        return True
+    try:
+        doc = strict_json(raw)
+    except ValueError:
+        return True
+    return bool(list(schemas.validator("routed").iter_errors(doc)))
+
+
+# --------------------------------------------------------------------------- envelopes: keys and headers
+# Bytes that are never UTF-8: a 0xff, a stray continuation byte, a cut sequence, a surrogate, beyond U+10FFFF,
+# an overlong encoding.
+NOT_UTF8 = (b"\xff", b"\xfe\xff", b"\x80", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+            b"\xc0\xaf")
+# Header names a reader may trip on: empty, non-ASCII, the DLQ's own (a dead letter must not take the record's
+# word for its reason or its coordinates), a common one.
+HEADER_NAMES = ("trace", "content-type", "", "名前", "ключ", "😀", "x-error", "x-error-kind", "x-source-offset",
+                "x-source-topic", "x-stage")
+SMALL, BIG = 64 * 1024, 1024 * 1024
+# What hypothesis chooses per envelope; the bytes come from a random.Random it seeds (a strategy built per draw
+# costs hypothesis milliseconds, and an envelope needs a dozen). Weights by repetition: `huge` headers over
+# 64 KiB, up to ~1 MB, are one in eight of the huge ones; near-limit keys only where asked for (`huge`).
+_KEY_KINDS = st.sampled_from(["null", "empty", "binary", "binary", "big"])
+_VALID_KEY_KINDS = st.sampled_from(["null", "empty", "binary"])
+_HEADER_KINDS = st.sampled_from(["none", "many", "huge", "binary", "dup"])
+_SEEDS = st.integers(0, 2**32 - 1)
+
+
+def _blob(rng: random.Random, n: int, compressible: bool) -> bytes:
+    """`n` bytes: a short pattern repeated (lz4 takes it to almost nothing) or random (lz4 cannot shrink it)."""
+    if compressible:
+        pat = rng.randbytes(rng.randint(1, 8))
+        return (pat * (n // len(pat) + 1))[:n]
+    return rng.randbytes(n)
+
+
+def not_utf8(rng: random.Random, max_size: int = 64) -> bytes:
+    """Bytes that are not UTF-8: random ones around one of NOT_UTF8."""
+    out = rng.randbytes(rng.randint(0, max_size // 2))
+    at = rng.randint(0, len(out))
+    return out[:at] + rng.choice(NOT_UTF8) + out[at:]
+
+
+def hostile_key(rng: random.Random, kind: str, room: int) -> tuple[str, bytes | None]:
+    """(label, key): null, empty, non-UTF-8, big (1-64 KiB) or huge: `room` bytes (the limit less the value less
+    4 KiB) of a repeated pattern. Random bytes that size would be over the broker's limit once lz4 has framed them
+    (it grows what it cannot shrink): the broker would refuse them before any agent saw them."""
+    if kind == "huge":
+        return "key:huge", _blob(rng, room, compressible=True)
+    if kind == "null":
+        return "key:null", None
+    if kind == "empty":
+        return "key:empty", b""
+    if kind == "binary":
+        return "key:binary", not_utf8(rng, min(room, 1024))
+    n = rng.randint(min(room, 1024), max(1, min(room, SMALL)))
+    return "key:big", _blob(rng, n, compressible=rng.random() < 0.5)
+
+
+def hostile_headers(rng: random.Random, kind: str, room: int, big: bool = True) -> tuple[str, Headers | None]:
+    """(label, headers) within `room` bytes: none, many (1,000-5,000 small ones, one name or many), huge values
+    (1-64 KiB, one in eight up to ~1 MB; never over 64 KiB with `big` False), non-UTF-8 values, or duplicated
+    names (the DLQ's own among them: a dead letter must not take the record's word for its reason)."""
+    out: Headers
+    if kind == "many":
+        n, same = rng.randint(1000, 5000), rng.random() < 0.5
+        value = rng.choice([None, b"", b"v", b"\xff\xfe"])
+        out = [("h" if same else f"h{i}", value) for i in range(n)]
+    elif kind == "huge":
+        rare = big and rng.random() < 1 / 8
+        out = [(rng.choice(HEADER_NAMES), _blob(rng, rng.randint(SMALL, BIG) if rare else rng.randint(1024, SMALL),
+                                                 compressible=rng.random() < 0.5))
+               for _ in range(rng.randint(1, 2 if rare else 3))]
+    elif kind == "binary":
+        out = [(rng.choice(HEADER_NAMES), not_utf8(rng)) for _ in range(rng.randint(1, 8))]
+    elif kind == "dup":
+        out = [(name, rng.choice([None, rng.randbytes(rng.randint(0, 16)), not_utf8(rng)]))
+               for name in rng.sample(HEADER_NAMES, rng.randint(1, 3)) for _ in range(rng.randint(2, 10))]
+    else:
+        return "headers:none", None
+    out = _cap(out, room)
+    return (f"headers:{kind}", out) if out else ("headers:none", None)
+
+
+def _cap(headers: Headers, room: int) -> Headers:
+    """The first of `headers` whose bytes (names, values and framing) stay within `room`."""
+    out: Headers = []
+    left = room
+    for name, value in headers:
+        size = record_parts(None, None, [(name, value)])["headers"]
+        if size > left:
+            break
+        out.append((name, value))
+        left -= size
+    return out
+
+
+@st.composite
+def envelopes(draw: st.DrawFn, room: int, huge: bool = False, big: bool = True) -> Envelope:
+    """A hostile key and headers whose bytes stay within `room` (the record limit less the value less 4 KiB).
+
+    `huge`: the key fills `room` (near the record limit: a few records per run, each costs megabytes).
+    `big` False: a null, empty or short non-UTF-8 key and no header value over 64 KiB (valid requests, which must
+    still be answered).
+    """
+    kind = "huge" if huge else draw(_KEY_KINDS if big else _VALID_KEY_KINDS)
+    hkind = draw(_HEADER_KINDS)
+    rng = random.Random(draw(_SEEDS))
+    klabel, key = hostile_key(rng, kind, room if big or huge else 256)
+    hlabel, headers = hostile_headers(rng, hkind, room - len(key or b""), big=big and not huge)
+    return Envelope(key, headers, f"{klabel}+{hlabel}")

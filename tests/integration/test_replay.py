@@ -56,7 +56,7 @@ def echo_processes(settings_factory: Callable[..., Settings]) -> Iterator[Settin
 def cli(s: Settings, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **s.with_env()}
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=True, **kw)
+                          timeout=300, **{"check": True, **kw})
 
 
 def p95(xs: list[float]) -> float:
@@ -224,3 +224,26 @@ def test_labelled_file_replay_reports_accuracy_per_tier(settings_factory: Callab
     assert {"light", "heavy", "all"} <= set(table), out.stdout
     assert int(table["all"][1]) == len(rows)
     assert float(table["all"][2].rstrip("%")) > 85.0, out.stdout
+
+
+def test_a_request_that_fits_its_file_but_not_the_replay_headers_is_dead_lettered(
+        settings_factory: Callable[..., Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded request just under the record limit passes validation, but the replay topic's copy carries
+    replay headers and a key: it cannot be written, so it goes to the DLQ with the reason and the job goes on."""
+    monkeypatch.setenv("TIERFLOW_MAX_MESSAGE_BYTES", "65536")  # the replay process's limit, as the topics'
+    s = settings_factory(max_message_bytes=65_536)
+    big = orjson.dumps({"id": "big", "text": ""})  # Chinese text: under the 32,768-character limit, near 64 KiB
+    big = big[:-2] + "货".encode() * ((s.max_message_bytes - 60 - len(big)) // 3) + b'"}'
+    lines = [orjson.dumps({"id": "small-1", "text": TEXTS[0]}), big, orjson.dumps({"id": "small-2", "text": TEXTS[1]})]
+    path = tmp_path / "near-limit.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = cli(s, "replay", "--file", str(path), "--max-live-slowdown", "0", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sent 2" in out.stdout and "invalid 1" in out.stdout, out.stdout + out.stderr
+    dlq = reader(s, topics_of(s).dlq)
+    dead = drain(dlq, lambda ms: len(ms) >= 1, timeout=30)
+    dlq.close()
+    assert len(dead) == 1
+    hd = {k: (v or b"").decode(errors="replace") for k, v in dead[0].headers() or []}
+    assert hd["x-error-kind"] == "oversize" and "replay" in hd.get("x-stage", "replay"), hd
+    assert "bytes" in hd["x-error"], hd

@@ -17,6 +17,7 @@ from pipeline.contracts import (
     Request,
     Result,
     RoutedRequest,
+    decode_model,
     decode_request,
     fast_request,
     fast_routed,
@@ -167,3 +168,60 @@ def test_fast_routed_accepts_only_what_the_model_accepts(changes: dict[str, Any]
 def test_fast_routed_takes_what_ingest_writes() -> None:
     assert fast_routed(json.dumps(ROUTED).encode()) == ROUTED
     assert fast_routed(b"{") is None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+ESCALATED = {"tier": "light", "intent": "x", "confidence": 0.3, "model": "m", "inference_ms": 1.5}
+
+
+def _routed_raw(**changes: Any) -> bytes:
+    doc: dict[str, Any] = {**ROUTED}
+    for path, value in changes.items():
+        head, _, rest = path.partition("__")
+        doc[head] = {**(doc.get(head) or ESCALATED), rest: value} if rest else value
+    return json.dumps(doc).encode()  # the stdlib writes NaN / Infinity for floats that are not finite
+
+
+@pytest.mark.parametrize("changes", [
+    {"received_ms": 2**63}, {"ingested_ms": 2**64 - 1}, {"threshold_version": 2**70}, {"features__chars": 2**63},
+    {"features__tokens": 2**64}, {"features__image_bytes": 2**80},
+    {"escalated_from__inference_ms": float("nan")}, {"escalated_from__inference_ms": float("inf")},
+    {"escalated_from__confidence": float("-inf")}, {"escalate_below": float("nan")},
+    {"degraded": "no"}, {"degraded": 0}, {"replay": 1}, {"escalate_below": "0.5"}, {"features__chars": "2"},
+    {"features__vip": 0}, {"escalated_from__extra": 1},
+])
+def test_routed_records_the_schema_rejects_the_worker_rejects(changes: dict[str, Any]) -> None:
+    """Regression (found by the fault suite's routed poison): pipeline/contracts.py, a routed record written straight
+    to a tier topic with a number beyond 64 bits made the worker's answer unwritable (dead-lettered as 'internal',
+    a TypeError), NaN / Infinity in escalated_from was answered with `"inference": null` (not answer.v1), and
+    lax types ("no" for false, "0.5" for 0.5) were answered though the schema rejects them."""
+    raw = _routed_raw(**changes)
+    if b"NaN" in raw or b"Infinity" in raw:  # not JSON at all: no schema to ask
+        with pytest.raises(ValueError):
+            json.loads(raw, parse_constant=_not_json)
+    else:
+        assert not schema_ok("routed", json.loads(raw))
+    assert fast_routed(raw) is None
+    with pytest.raises(InvalidMessage) as e:
+        decode_model(RoutedRequest, raw)
+    assert e.value.kind == "schema"
+
+
+@pytest.mark.parametrize("text", [b"1e400", b"-1e400", b"1" + b"0" * 400 + b".0"])
+def test_numbers_beyond_a_double_in_a_routed_record_are_refused(text: bytes) -> None:
+    raw = _routed_raw(escalated_from__inference_ms="@").replace(b'"@"', text)
+    with pytest.raises(InvalidMessage):
+        decode_model(RoutedRequest, raw)
+    assert not schema_ok("routed", json.loads(raw))  # read as infinity: over the schema's maximum
+
+
+def test_the_largest_numbers_a_routed_record_may_carry_are_taken() -> None:
+    raw = _routed_raw(received_ms=2**63 - 1, ingested_ms=2**63 - 1, features__chars=2**63 - 1,
+                      escalated_from__inference_ms=1e308)
+    assert schema_ok("routed", json.loads(raw))
+    rr = decode_model(RoutedRequest, raw)
+    assert rr.received_ms == 2**63 - 1 and rr.escalated_from is not None
+    assert fast_routed(_routed_raw(received_ms=2**63 - 1)) is not None
