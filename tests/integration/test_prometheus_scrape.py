@@ -190,3 +190,28 @@ def test_prometheus_scrapes_every_agent_of_tierflow_up(settings_factory: Callabl
               f"tierflow_requests_total={requests_by_job['ingest']:.0f} in {scrape_s:.1f} s")
     finally:
         stack.stop(timeout=20)
+
+
+def test_up_exits_non_zero_naming_an_agent_that_cannot_take_its_metrics_port(
+        settings_factory: Callable[..., Settings], tmp_path: Path) -> None:
+    """Another program holds worker-heavy's port: `up` stops, exits 1 and names the agent and its error (it used
+    to crash-loop every agent but ingest and exit 0)."""
+    s = settings_factory(data_dir=tmp_path / "up")
+    base = free_port_run(len(JOBS))
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    taken.bind(("127.0.0.1", base + JOBS.index("worker-heavy")))
+    taken.listen()
+    stack = Stack(s)
+    try:
+        up = stack.start_agent("up", "up", "--metrics-port", str(base),
+                               env={**ECHO, "TIERFLOW_HEAVY_DEVICE": "cpu", "TIERFLOW_DATA_DIR": str(s.data_dir),
+                                    "TIERFLOW_METRICS_PORT": None})
+        code = up.popen.wait(timeout=UP_READY_TIMEOUT_S)
+        out = stack.tail("up", 40)
+        assert code == 1, out
+        last = [ln for ln in out.splitlines() if ln.startswith("tierflow up: ")][-1]
+        assert "worker-heavy" in last and "in use" in last, out
+    finally:
+        taken.close()
+        stack.stop()
