@@ -22,6 +22,7 @@ import redis
 
 from pipeline.brokers import EmbeddedBroker
 from pipeline.devstack import Stack
+from pipeline.dlq import headers_dict
 from pipeline.kafka import topics_of
 from pipeline.settings import Settings
 from tests.integration.helpers import TEXTS, Live, drain, produce_all, reader, values, wait_ready
@@ -249,6 +250,6 @@ def test_a_request_that_fits_its_file_but_not_the_replay_headers_is_dead_lettere
     dead = drain(dlq, lambda ms: len(ms) >= 1, timeout=30)
     dlq.close()
     assert len(dead) == 1
-    hd = {k: (v or b"").decode(errors="replace") for k, v in dead[0].headers() or []}
+    hd = headers_dict(dead[0])
     assert hd["x-error-kind"] == "oversize" and "replay" in hd.get("x-stage", "replay"), hd
     assert "bytes" in hd["x-error"], hd
