@@ -332,7 +332,14 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
           f"shifted after {shifted_after:.1f} s; back {back_after:.1f} s after the slowdown ended")
     assert shifted_after <= 5.0
     assert back_after <= 30.0
-    last = [a for a in heavy_bound if ingested(a) >= end + AFTER_S - 3]
+    # From the restore until the controller's next change, heavy-bound traffic is on heavy. A loaded 2-core box
+    # stalls the whole echo pipeline for ~600 ms now and then, a real spike over the SLO that may shed again later:
+    # that is the controller doing its job, not heavy failing to come back.
+    ours = [d for d in history if d.updated_by == "feedback"]
+    restore = next((d.updated_at for d in ours if d.reason.startswith("restore") and d.updated_at > end), None)
+    assert restore is not None and restore - end <= 30.0, "no restore within 30 s of the slowdown's end"
+    after = min((d.updated_at for d in ours if d.updated_at > restore), default=float("inf"))
+    last = [a for a in heavy_bound if restore + 1.0 <= ingested(a) < after]
     assert last and all(a["tier"] == "heavy" for a in last), "heavy-bound traffic is not back on heavy"
 
     # Every version says who made it and why; the agent shed during the slowdown and restored after it.
@@ -342,14 +349,15 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
     restores = [d for d in mine if d.reason.startswith("restore")]
     assert sheds and restores, [d.reason for d in mine]
     assert sheds[0].updated_at >= start and sheds[0].length_threshold > setup.length_threshold
-    assert restores[-1].version > sheds[-1].version and restores[-1].updated_at >= end - 1
-    # A restore names the version it returns to; after a second shed (heavy slow again while its backlog drains)
-    # that is the first restore: follow the chain back to the values from before the first shed.
+    # The restore after the slowdown returns to the values from before the first shed (a later spike may shed
+    # again, see above). A restore names the version it returns to; after a second shed while heavy's backlog
+    # drains, that is the first restore: follow the chain back.
+    back = next(d for d in restores if d.updated_at > end)
+    assert back.version > sheds[0].version
     by_version = {d.version: d for d in history}
-    home = by_version[restores[-1].inputs["restore_of"]]
+    home = by_version[back.inputs["restore_of"]]
     while home.reason.startswith("restore") and "restore_of" in home.inputs:
         home = by_version[home.inputs["restore_of"]]
     assert home.version < sheds[0].version
-    final = history[-1]
-    assert (final.length_threshold, final.escalate_below) == (home.length_threshold, home.escalate_below) \
+    assert (back.length_threshold, back.escalate_below) == (home.length_threshold, home.escalate_below) \
         == (setup.length_threshold, setup.escalate_below)
