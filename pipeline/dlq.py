@@ -110,15 +110,25 @@ def to_dlq(producer: Producer, dlq_topic: str, msg: Message, kind: str, reason: 
     find the rest. Returns False when even the cut record cannot be written: the caller counts it as skipped.
     """
     headers = dlq_headers(msg, kind, reason, stage)
-    fitted = fit(msg.value() or b"", msg.key(), headers, producer_limit(max_bytes), keep=len(ERROR_HEADERS))
+    if not produce_fitted(producer, dlq_topic, msg.value() or b"", msg.key(), headers, len(ERROR_HEADERS),
+                          max_bytes, on_delivery):
+        return False
+    metrics.DLQ.labels(stage, kind).inc()
+    return True
+
+
+def produce_fitted(producer: Producer, topic: str, value: bytes, key: bytes | None, headers: Headers, keep: int,
+                   max_bytes: int, on_delivery: Any = None) -> bool:
+    """Produce a dead letter cut to fit (see `fit`; the first `keep` headers are never cut). False when even the
+    cut record cannot be written."""
+    fitted = fit(value, key, headers, producer_limit(max_bytes), keep=keep)
     if fitted is None:
         return False
     value, key, headers = fitted
     try:
-        produce(producer, dlq_topic, value, key=key, headers=headers, on_delivery=on_delivery)
+        produce(producer, topic, value, key=key, headers=headers, on_delivery=on_delivery)
     except InvalidMessage:
         return False
-    metrics.DLQ.labels(stage, kind).inc()
     return True
 
 
@@ -161,14 +171,8 @@ class DeadLetters:
     def send_raw(self, value: bytes, headers: Headers, key: bytes | None = None) -> bool:
         """Dead-letter bytes that did not come from a consumed record (a replayed file line), cut to fit as
         `send` does; `headers` are the error headers, never cut. False (counted, logged) when nothing fits."""
-        fitted = fit(value, key, headers, producer_limit(self.max_bytes), keep=len(headers))
-        if fitted is not None:
-            value, key, headers = fitted
-            try:
-                produce(self.producer, self.topic, value, key=key, headers=headers, on_delivery=self.delivery)
-            except InvalidMessage:
-                fitted = None
-        if fitted is None:
+        if not produce_fitted(self.producer, self.topic, value, key, headers, len(headers), self.max_bytes,
+                              self.delivery):
             kind = next((v for k, v in headers if k == "x-error-kind"), b"unknown")
             metrics.SKIPPED.labels(self.stage, kind.decode() if isinstance(kind, bytes) else str(kind)).inc()
             log.error("%s: skipped a %d-byte record: not even a truncated copy fits the dead-letter topic",
