@@ -423,9 +423,13 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
 
     # 3. the heavy SLO: shed traffic off heavy while it is breached
     shed = False
-    if p95 is not None and p95 > slo * (1.0 + cfg.slo_tolerance):
+    # The window's p95, or the workers' now (their batch in hand included): a slowdown is seen from the
+    # first batch that overruns the SLO, not only once its late answers have filled 5% of the window.
+    worst = max((x for x in (p95, heavy_now.p95_ms if heavy_now is not None else None) if x is not None),
+                default=None)
+    if worst is not None and worst > slo * (1.0 + cfg.slo_tolerance):
         if calm_now:
-            notes.append(f"heavy p95 {p95:.0f} ms > SLO {slo:.0f} ms in the window, but {seen} now: "
+            notes.append(f"heavy p95 {worst:.0f} ms > SLO {slo:.0f} ms in the window, but {seen} now: "
                          "no more shedding")
         elif state.shed_target is None or now_s - state.shed_at_s >= cfg.shed_cooldown_s:
             routed = routed_share(w, cur_len, cur_esc)
@@ -436,7 +440,7 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
                             home={k: getattr(th, k) for k in KNOBS} if first else state.home,
                             home_version=th.version if first else state.home_version)
             shed = True
-            notes.append(f"heavy p95 {p95:.0f} ms > SLO {slo:.0f} ms ({seen}): shedding heavy traffic to "
+            notes.append(f"heavy p95 {worst:.0f} ms > SLO {slo:.0f} ms ({seen}): shedding heavy traffic to "
                          f"{goal_shed:.3f} of text routed heavy")
     degraded = w.degraded_share
     if state.shed_target is not None:

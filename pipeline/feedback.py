@@ -52,7 +52,7 @@ from pipeline.controller import (
 )
 from pipeline.errors import InvalidThresholds
 from pipeline.health import Observation
-from pipeline.heartbeats import AGENT, Heartbeat, read_heartbeats
+from pipeline.heartbeats import AGENT, Heartbeat, observation, read_heartbeats
 from pipeline.kafka import check_reachable
 from pipeline.settings import Settings
 from pipeline.stats import AfterChange, AggConfig, Aggregator, WindowStats
@@ -115,8 +115,7 @@ def group_of(settings: Settings, cfg: FeedbackConfig) -> str:
 
 def heavy_observation(beats: list[dict[str, Any]]) -> Observation:
     """The heavy tier now, from its workers' heartbeats: live answers' p95 (a replay's backlog is not the SLO's)."""
-    return Observation(workers=len(beats), lag=sum(int(b.get("lag", 0)) for b in beats),
-                       p95_ms=max((float(b.get("live_p95_ms", b.get("p95_ms", 0.0))) for b in beats), default=0.0))
+    return observation(beats, "live_p95_ms")
 
 
 # --------------------------------------------------------------------------- the agent's state and I/O

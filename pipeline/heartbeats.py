@@ -1,9 +1,10 @@
 """Worker heartbeats in Redis: each worker writes its health with a TTL; ingest reads a tier's.
 
 Key: `<prefix>hb:<tier>:<worker_id>` -> JSON {ts, lag, p95_ms, live_p95_ms, live_recent_p95_ms,
-live_recent_n, processed, model, device}, expiring after `heartbeat_ttl_s`, so a killed worker
+live_recent_n, busy_ms, processed, model, device}, expiring after `heartbeat_ttl_s`, so a killed worker
 disappears by itself. The `live_recent_*` pair covers the last RECENT_S seconds only: the fresh
-signal a replay's guard steers by.
+signal a replay's guard steers by. `busy_ms` is how long the batch in hand has taken so far (0 between
+batches): a worker slowed down or stuck says so before its first late answer comes out.
 """
 
 from __future__ import annotations
@@ -56,10 +57,17 @@ def ready_tiers(r: redis.Redis, prefix: str, tiers: list[str]) -> list[str]:
 def observe(r: redis.Redis, prefix: str, tier: str) -> Observation:
     """One tier's health now, from its live workers' heartbeats."""
     beats = read_heartbeats(r, prefix, tier)
+    return observation(beats, "p95_ms")
+
+
+def observation(beats: list[dict[str, Any]], p95_key: str) -> Observation:
+    """A tier's workers now: their lag, and the worst of their `p95_key` latencies and batches in hand
+    (every record of a batch that has taken longer than the SLO so far is answered later than the SLO)."""
     return Observation(
         workers=len(beats),
         lag=sum(int(b.get("lag", 0)) for b in beats),
-        p95_ms=max((float(b.get("p95_ms", 0.0)) for b in beats), default=0.0),
+        p95_ms=max((max(float(b.get(p95_key, b.get("p95_ms", 0.0))), float(b.get("busy_ms", 0.0)))
+                    for b in beats), default=0.0),
     )
 
 

@@ -153,6 +153,7 @@ class Worker:
         self.lag = 0
         self.ready = False
         self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
+        self._busy_since: float | None = None  # monotonic start of the batch in hand, for the heartbeat
         # (kind, model, inference ms, queue ms, answered total ms) per item, counted once the batch is flushed
         self._observed: list[tuple[str, str, float, float, float | None]] = []
         self.heartbeat: Heartbeat | None = None
@@ -174,8 +175,14 @@ class Worker:
     def status(self) -> dict[str, Any]:
         recent_p95, recent_n = self.live_latency.recent_p95(RECENT_S)
         return {"lag": self.lag, "p95_ms": self.latency.p95(), "live_p95_ms": self.live_latency.p95(),
-                "live_recent_p95_ms": recent_p95, "live_recent_n": recent_n, "processed": self.stats.processed,
-                "model": self.model.name, "device": self.device, "tier": self.tier.value, "ready": self.ready}
+                "live_recent_p95_ms": recent_p95, "live_recent_n": recent_n, "busy_ms": self.busy_ms(),
+                "processed": self.stats.processed, "model": self.model.name, "device": self.device,
+                "tier": self.tier.value, "ready": self.ready}
+
+    def busy_ms(self) -> float:
+        """How long the batch in hand has taken so far (read by the heartbeat thread)."""
+        since = self._busy_since
+        return 0.0 if since is None else round((time.monotonic() - since) * 1000.0, 1)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Ready means "in the group with partitions": before that, messages would wait on the join.
@@ -207,6 +214,12 @@ class Worker:
         Live and replayed records never share a batch: a live record never waits for replayed ones'
         inference, flush or commit.
         """
+        try:
+            return self._step()
+        finally:
+            self._busy_since = None
+
+    def _step(self) -> int:
         live = self.consumer.consume(self.max_batch, 0)
         if not live:
             n = self.backfill.turn(False, self._process_backfill)
@@ -231,6 +244,8 @@ class Worker:
 
     def _process(self, msgs: list[Message], producer: Producer) -> None:
         """Decode, predict and emit one batch to `producer` (flushing and committing are the caller's)."""
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
         self._out = producer
         dequeued = _now_ms()
         routed: list[tuple[Message, dict[str, Any], Item]] = []

@@ -166,3 +166,33 @@ def test_injected_latency_degrades_heavy_traffic(settings_factory: Callable[...,
     slow = [a for a in got if a["degraded"]]
     assert slow and all("degraded_slow" in a["route_reason"] for a in slow)
     assert got[-1]["tier"] == "heavy"  # recovered after the fault expired
+
+
+def test_a_heavy_batch_stuck_past_the_slo_degrades_before_its_answers_come_out(
+        settings_factory: Callable[..., Settings], running: Running) -> None:
+    # Low traffic: the stuck worker's lag stays far under degrade_lag, and no late answer comes out to raise its
+    # p95 until the batch ends. Its heartbeat's `busy_ms` is the only news, and ingest must act on it.
+    s = settings_factory()
+    store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+    store.update("test", "tight SLO", heavy_slo_p95_ms=300, recover_after_s=1.0)
+    answers = reader(s, topics_of(s).answers)
+    echo_pipeline(s, running)
+    with Live(s, "stuck", 5, texts=["w" * 80]):
+        time.sleep(2.0)
+        stuck_at = time.time()
+        cli(s, "fault", "latency", "--tier", "heavy", "--ms", "8000", "--seconds", "2")
+        time.sleep(14.0)
+    got = sorted(values(drain(answers, lambda ms: False, timeout=10)), key=lambda a: a["answered_at"])
+    answers.close()
+
+    def ingested(a: dict[str, Any]) -> float:
+        return float(a["answered_at"] - a["timings_ms"]["total"] + a["timings_ms"]["ingest"]) / 1000
+
+    late = [a for a in got if a["tier"] == "heavy" and a["timings_ms"]["total"] > 5000]
+    degraded = [a for a in got if a["degraded"] and ingested(a) >= stuck_at]
+    assert late, "no heavy batch was held up by the fault"
+    assert degraded and all("degraded_slow" in a["route_reason"] for a in degraded)
+    first_late_out = min(a["answered_at"] for a in late) / 1000
+    # the stuck batch started at most a second before the first degraded request (the batch age passes the SLO,
+    # the next heartbeat says so, ingest reads it every 0.25 s); its late answers came out 8 s after it started
+    assert min(ingested(a) for a in degraded) < first_late_out - 3.0, "degraded only once the late answers came out"

@@ -25,6 +25,7 @@ from pipeline.controller import (
     score_of,
 )
 from pipeline.health import Observation
+from pipeline.heartbeats import observation
 from pipeline.stats import AfterChange, AggConfig, Aggregator, Observed, WindowStats
 from pipeline.thresholds import Thresholds
 
@@ -262,6 +263,23 @@ def test_a_shed_does_not_empty_heavy_in_one_lumpy_step() -> None:
     d = decide(w, sim.th, ControllerState(), sim.now_ms / 1000, cfg=sim.cfg, heavy_now=slow)
     assert d.action == "hold" and "90 -> 113 kept" in d.reason, d.reason
     assert d.state.shed_target is not None and d.state.home == {"length_threshold": 90, "escalate_below": 0.5}
+
+
+def test_a_batch_overrunning_the_slo_sheds_before_its_late_answers_reach_the_window() -> None:
+    sim = Sim(beats=True)
+    for _ in range(15):
+        sim.step(1500, math.log(40), 6, 2)
+    w = sim.agg.window(sim.now_ms)
+    assert w.tier("heavy") is not None and w.tier("heavy").p95_ms <= sim.th.heavy_slo_p95_ms  # type: ignore[union-attr]
+    calm_d = decide(w, sim.th, sim.state, sim.now_ms / 1000, cfg=sim.cfg,
+                    heavy_now=observation([{"lag": 0, "live_p95_ms": 300.0, "busy_ms": 40.0}], "live_p95_ms"))
+    assert not _shed(calm_d), calm_d.reason
+    # the window holds only answers in time; a heavy worker's batch in hand has taken 2x the SLO so far
+    stuck = observation([{"lag": 0, "live_p95_ms": 300.0, "busy_ms": 6000.0}], "live_p95_ms")
+    assert stuck.p95_ms == 6000.0
+    d = decide(w, sim.th, sim.state, sim.now_ms / 1000, cfg=sim.cfg, heavy_now=stuck)
+    assert _shed(d) and "heavy p95 6000 ms > SLO 3000 ms (heavy workers' p95 6000 ms" in d.reason, d.reason
+    assert d.values["length_threshold"] > sim.th.length_threshold
 
 
 def test_no_move_onto_heavy_while_ingest_degrades_it() -> None:
