@@ -44,6 +44,7 @@ test-all: $(STAMP) tools
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/architecture
 
 bench: $(STAMP)
 	$(BIN)/tierflow bench --quick

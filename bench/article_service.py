@@ -22,10 +22,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from bench.common import embedded_services, fresh_topics, write_section
 from bench.pipeline import TEXTS, measure, percentiles, start_pipeline
-from pipeline import features
-from pipeline.kafka import topics_of
+from pipeline.adapters.kafka import topics_of
+from pipeline.contracts.topics import Tier
+from pipeline.core import features
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.model import InferenceModel, Item
 
 

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.common import write_section
+from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.model import InferenceModel, Item
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import PACKAGED_ARTIFACTS

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics
+from pipeline.adapters.kafka import create_topics
+from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

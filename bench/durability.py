@@ -24,9 +24,9 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from bench.common import write_section
-from pipeline.brokers import BrokerName
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import make_admin, make_consumer, make_producer, next_offsets
+from pipeline.adapters.brokers import BrokerName
+from pipeline.adapters.kafka import make_admin, make_consumer, make_producer, next_offsets
+from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
 

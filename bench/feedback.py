@@ -2,7 +2,7 @@
 
 Produces N synthetic result records (schemas/result.v1.json: light answers, escalations, heavy
 answers, shadow predictions, half of them labeled) to the results topic of a fresh prefix on the
-embedded broker, then starts the agent (`python -m pipeline.feedback`, one process) and times it
+embedded broker, then starts the agent (`python -m pipeline.agents.feedback`, one process) and times it
 draining the backlog, from its Redis state snapshots. Also times the statistics alone (decode +
 Aggregator) per record, in process.
 
@@ -28,9 +28,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, embedded_services, fresh_topics, recorded, write_section
-from pipeline.kafka import make_producer, produce, topics_of
+from pipeline.adapters.kafka import make_producer, produce, topics_of
+from pipeline.core.stats import AggConfig, Aggregator
 from pipeline.settings import Settings
-from pipeline.stats import AggConfig, Aggregator
 
 INTENTS = ["card_arrival", "card_not_working", "exchange_rate", "pin_blocked", "transfer_fee_charged"]
 
@@ -102,7 +102,7 @@ def agent_round(s: Settings, n: int, timeout: float) -> float:
     env = s.with_env()
     env.update(TIERFLOW_FEEDBACK_INTERVAL_S="0.25", TIERFLOW_FEEDBACK_WINDOW_S="600",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.feedback"], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.agents.feedback"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     r = redis.Redis.from_url(s.redis)
     key = f"{s.redis_prefix}feedback:state"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.common import write_section
 from bench.soak import ECHO
-from pipeline.devstack import free_port
+from pipeline.ops.devstack import free_port
 
 TEXTS = ["where is my order?", "我的订单什么时候到？",
          "I want to return the shoes I bought last week, they are too small",

@@ -18,11 +18,11 @@ import uuid
 import orjson
 
 from bench.common import embedded_services, fresh_topics, write_section
-from pipeline import features
-from pipeline.contracts import decode_request
-from pipeline.ingest import Ingest
-from pipeline.kafka import make_consumer, make_producer, next_offsets, produce, topics_of
-from pipeline.routing import route
+from pipeline.adapters.kafka import make_consumer, make_producer, next_offsets, produce, topics_of
+from pipeline.agents.ingest import Ingest
+from pipeline.contracts.models import decode_request
+from pipeline.core import features
+from pipeline.core.routing import route
 from pipeline.settings import Settings
 
 TEXTS = [

@@ -23,8 +23,8 @@ from pathlib import Path
 import orjson
 
 from bench.common import embedded_services, fresh_topics, write_section
-from pipeline.devstack import Stack
-from pipeline.kafka import make_consumer, make_producer, poll_batch, produce, topics_of
+from pipeline.adapters.kafka import make_consumer, make_producer, poll_batch, produce, topics_of
+from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 
 ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLOW_MULTIMODAL_MODEL": "echo",

@@ -21,7 +21,7 @@ the light pass for every message plus the heavy pass for the escalated ones; the
 length rule run one model per message.
 
 Then the controller check: the test set replayed as a stream (shuffled, fixed seed) through the real
-`pipeline.stats.Aggregator` and `pipeline.controller.decide`, in process, starting from the default
+`pipeline.core.stats.Aggregator` and `pipeline.core.controller.decide`, in process, starting from the default
 thresholds with a 15% heavy budget.
 
     python -m bench.quality [--quick] [--write] [--png PATH]
@@ -45,12 +45,12 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.common import ROOT, write_section
-from pipeline.controller import ControllerState, Decision, applied, decide
-from pipeline.feedback import FeedbackConfig
+from pipeline.agents.feedback import FeedbackConfig
+from pipeline.contracts.topics import Tier
+from pipeline.core.controller import ControllerState, Decision, applied, decide
+from pipeline.core.stats import Aggregator
+from pipeline.core.thresholds import Thresholds
 from pipeline.settings import Settings
-from pipeline.stats import Aggregator
-from pipeline.thresholds import Thresholds
-from pipeline.topics import Tier
 
 FloatArray = npt.NDArray[np.float64]
 TEST_CSV = ROOT / "workers" / "data" / "banking77" / "test.csv"
@@ -280,8 +280,8 @@ def replay_controller(confidence: FloatArray, lengths: npt.NDArray[np.int64], li
     Each message arrives `1 / rate` s after the previous one and is routed with the thresholds of the
     moment: longer than `length_threshold` -> heavy (rule), else light, and a light answer with
     confidence below `escalate_below` -> heavy (escalated). The result records the workers would
-    produce feed `pipeline.stats.Aggregator`; every `interval_s` of stream time `pipeline.controller.decide`
-    runs on its window and its changes are applied at once, as `pipeline.feedback.Feedback.after_tick`
+    produce feed `pipeline.core.stats.Aggregator`; every `interval_s` of stream time `pipeline.core.controller.decide`
+    runs on its window and its changes are applied at once, as `pipeline.agents.feedback.Feedback.after_tick`
     does (Redis and Kafka left out; the window, controller and intervals are the agent's defaults).
     `start`: the thresholds to start from (default: the defaults with `heavy_budget=budget`).
     """
@@ -626,8 +626,8 @@ def report(ev: Evaluation, png: Path, quick: bool) -> str:
         f"replayed as one stream (shuffled, seed fixed) at {r.rate:.0f} messages/s of stream time, routed with the "
         "thresholds of the moment (longer than `length_threshold` -> heavy; else light, and a light confidence "
         "below `escalate_below` -> heavy). The result records the workers would write, with the real light "
-        "confidences, lengths, intents and labels, feed `pipeline.stats.Aggregator`; every "
-        f"{r.interval_s:.0f} s of stream time `pipeline.controller.decide` runs on its window (the feedback "
+        "confidences, lengths, intents and labels, feed `pipeline.core.stats.Aggregator`; every "
+        f"{r.interval_s:.0f} s of stream time `pipeline.core.controller.decide` runs on its window (the feedback "
         "agent's default window, controller config and interval) and its changes apply at once, as the agent's "
         f"`after_tick` does. Start: the default thresholds (length 50, escalate_below 0.5), heavy_budget "
         f"{r.budget:.0%}. Latencies are the measured inference times, far under the SLOs.",

@@ -24,8 +24,8 @@ import orjson
 from bench.common import write_section
 from bench.pipeline import TEXTS, percentiles
 from bench.sustained import cpu_seconds, rss_mib
-from pipeline.devstack import free_port
-from pipeline.kafka import Tail, make_producer, produce, topics_of
+from pipeline.adapters.kafka import Tail, make_producer, produce, topics_of
+from pipeline.ops.devstack import free_port
 from pipeline.settings import Settings
 
 ECHO = {"TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo", "TIERFLOW_MULTIMODAL_MODEL": "echo",

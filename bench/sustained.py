@@ -31,9 +31,9 @@ from confluent_kafka.admin import NewTopic
 
 from bench.common import fresh_topics, write_section
 from bench.pipeline import ECHO, TEXTS, percentiles, start_pipeline
-from pipeline.brokers import BrokerName
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import Tail, make_admin, make_consumer, make_producer, produce, topics_of
+from pipeline.adapters.brokers import BrokerName
+from pipeline.adapters.kafka import Tail, make_admin, make_consumer, make_producer, produce, topics_of
+from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
 
@@ -251,7 +251,7 @@ def main() -> None:
             "models; request to answer read), each on fresh topics of the same broker; the producer and the "
             "reader run in the benchmark process on the same 2 cores. Latency is bucketed by the minute a request "
             "was sent; the broker's CPU and RSS are read from /proc at the end of each minute. noida runs with the "
-            "embedded stack's topic bounds (pipeline/brokers.py); tansu has none.\n\n"
+            "embedded stack's topic bounds (pipeline/adapters/brokers.py); tansu has none.\n\n"
             + "\n\n".join(parts)
             + f"\n\n1-minute load average at the end: {os.getloadavg()[0]:.1f}.\n")
     if args.write:

@@ -56,7 +56,7 @@ def _setup_logging(settings: Settings) -> None:
 def _redis(settings: Settings) -> Any:
     import redis
 
-    from pipeline.kafka import check_reachable
+    from pipeline.adapters.kafka import check_reachable
 
     check_reachable(settings.redis, "Redis")
     return redis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=3)
@@ -76,7 +76,7 @@ def _env_help(text: str, env: str) -> str:
 
 # --------------------------------------------------------------------------- commands
 def cmd_topics(args: argparse.Namespace) -> int:
-    from pipeline.kafka import create_topics, specs_of
+    from pipeline.adapters.kafka import create_topics, specs_of
 
     s = _settings(args)
     if args.action == "create":
@@ -92,8 +92,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from pipeline import metrics
-    from pipeline.ingest import Ingest
-    from pipeline.kafka import check_reachable
+    from pipeline.adapters.kafka import check_reachable
+    from pipeline.agents.ingest import Ingest
 
     s = _settings(args)
     check_reachable(s.bootstrap, "Kafka")
@@ -105,7 +105,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline.topics import Tier
+    from pipeline.contracts.topics import Tier
 
     s = _settings(args)
     tier = Tier(args.tier)
@@ -116,7 +116,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     from pipeline import metrics
-    from pipeline.kafka import check_reachable
+    from pipeline.adapters.kafka import check_reachable
     from workers.models.registry import tier_model
     from workers.runner import Worker, resolve_device
 
@@ -134,7 +134,7 @@ def _worker_pool(args: argparse.Namespace, s: Settings, tier: Any) -> int:
     """N worker processes of one tier sharing its consumer group; exits when all have stopped."""
     import subprocess
 
-    from pipeline.devstack import _die_with_parent
+    from pipeline.ops.devstack import _die_with_parent
 
     argv = [sys.executable, "-m", "pipeline.cli", "worker", "--tier", tier.value]
     if args.device:
@@ -158,13 +158,13 @@ def _worker_pool(args: argparse.Namespace, s: Settings, tier: Any) -> int:
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
-    from pipeline.feedback import main as feedback_main
+    from pipeline.agents.feedback import main as feedback_main
 
     return feedback_main(_settings(args))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from pipeline.devstack import AGENTS, running_stack, wait_agents_ready
+    from pipeline.ops.devstack import AGENTS, running_stack, wait_agents_ready
 
     s = _settings(args)
     if args.data is not None:
@@ -218,7 +218,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def agent_metrics_ports(base: int | None) -> dict[str, int]:
     """Each agent of `tierflow up` its own /metrics port: `base`, `base`+1, ... in AGENTS order."""
-    from pipeline.devstack import AGENTS
+    from pipeline.ops.devstack import AGENTS
 
     return {} if base is None else {name: base + i for i, (name, _) in enumerate(AGENTS)}
 
@@ -237,7 +237,7 @@ def _dead_agent(stack: Any) -> str:
 
 def crash_at(log_text: str) -> str | None:
     """Where the batch started that an agent died handling (`topic[partition]@offset`), from its log."""
-    from pipeline.kafka import CRASH_MARK
+    from pipeline.adapters.kafka import CRASH_MARK
 
     for ln in reversed(log_text.splitlines()):
         if CRASH_MARK in ln:
@@ -268,7 +268,7 @@ def last_error_line(log_text: str) -> str:
 
 
 def _stack_line(s: Settings) -> str:
-    from pipeline.brokers import embedded_broker
+    from pipeline.adapters.brokers import embedded_broker
     from pipeline.logs import scrub
 
     kafka = f"kafka {s.bootstrap}" + (f" (embedded {embedded_broker(s.embedded_broker).label})"
@@ -277,7 +277,7 @@ def _stack_line(s: Settings) -> str:
 
 
 def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
-    from pipeline.brokers import embedded_broker
+    from pipeline.adapters.brokers import embedded_broker
     from pipeline.logs import scrub
 
     lines = ["tierflow is up"]
@@ -306,14 +306,14 @@ def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: di
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipeline.demo import run_demo
+    from pipeline.ops.demo import run_demo
 
     return run_demo(_settings(args), timeout_s=args.timeout)
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from pipeline.contracts import dumps
-    from pipeline.kafka import DeliveryTracker, check_reachable, make_producer, topics_of
+    from pipeline.adapters.kafka import DeliveryTracker, check_reachable, make_producer, topics_of
+    from pipeline.contracts.models import dumps
 
     s = _settings(args)
     check_reachable(s.bootstrap, "Kafka")
@@ -336,7 +336,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise ConfigError("give a TEXT or --image")
     reader = None
     if args.wait:
-        from pipeline.answers import AnswerReader
+        from pipeline.adapters.tails import AnswerReader
 
         # Positions first, then the request: an answer however fast cannot slip past the reader.
         reader = AnswerReader(s, from_beginning=False)
@@ -367,8 +367,8 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_answers(args: argparse.Namespace) -> int:
-    from pipeline.answers import AnswerReader
-    from pipeline.kafka import check_reachable
+    from pipeline.adapters.kafka import check_reachable
+    from pipeline.adapters.tails import AnswerReader
 
     s = _settings(args)
     check_reachable(s.bootstrap, "Kafka")
@@ -401,7 +401,8 @@ def _answer_line(ans: dict[str, Any]) -> str:
 
 
 def cmd_thresholds(args: argparse.Namespace) -> int:
-    from pipeline.thresholds import ThresholdStore, parse_value
+    from pipeline.adapters.threshold_store import ThresholdStore
+    from pipeline.core.thresholds import parse_value
 
     s = _settings(args)
     store = ThresholdStore(_redis(s), s.redis_prefix)
@@ -435,7 +436,7 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
 
 
 def cmd_vip(args: argparse.Namespace) -> int:
-    from pipeline.thresholds import ThresholdStore
+    from pipeline.adapters.threshold_store import ThresholdStore
 
     s = _settings(args)
     store = ThresholdStore(_redis(s), s.redis_prefix)
@@ -450,10 +451,11 @@ def cmd_vip(args: argparse.Namespace) -> int:
 
 def cmd_route(args: argparse.Namespace) -> int:
     """Explain a routing decision without touching Kafka (Redis only if reachable)."""
-    from pipeline import features
-    from pipeline.contracts import Request
-    from pipeline.routing import route
-    from pipeline.thresholds import Thresholds, ThresholdStore
+    from pipeline.adapters.threshold_store import ThresholdStore
+    from pipeline.contracts.models import Request
+    from pipeline.core import features
+    from pipeline.core.routing import route
+    from pipeline.core.thresholds import Thresholds
 
     s = _settings(args)
     th, vip, source = Thresholds(), False, "defaults (Redis not reachable)"
@@ -478,7 +480,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 def cmd_fault(args: argparse.Namespace) -> int:
     """Chaos: make a tier's workers slower (injected latency per batch) for a while."""
-    from pipeline.heartbeats import fault_key
+    from pipeline.adapters.heartbeats import fault_key
 
     s = _settings(args)
     r = _redis(s)
@@ -502,8 +504,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.kafka import Tail, check_reachable, topics_of
-    from pipeline.replay import (
+    from pipeline.adapters.kafka import Tail, check_reachable, topics_of
+    from pipeline.agents.replay import (
         FileSource,
         Replayer,
         Source,
@@ -582,13 +584,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pipeline.status import main as status_main
+    from pipeline.ops.status import main as status_main
 
     return status_main(_settings(args), once=args.once, interval_s=args.interval)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipeline.report import main as report_main
+    from pipeline.ops.report import main as report_main
 
     return report_main(_settings(args), out_dir=args.out, minutes=args.minutes)
 

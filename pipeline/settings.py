@@ -37,7 +37,8 @@ class Settings(BaseSettings):
     redis_port: int = Field(DEFAULT_REDIS_PORT, description="embedded Redis port")
     data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
     embedded_broker: Literal["noida", "tansu"] = Field(
-        "noida", description="the embedded Kafka-protocol broker (pipeline/brokers.py says what each gets wrong)")
+        "noida", description="the embedded Kafka-protocol broker (pipeline/adapters/brokers.py says what each gets "
+                             "wrong)")
     embedded_durable: bool = Field(False, description="keep the embedded broker's log across restarts, under "
                                    "data_dir (`tierflow up --data DIR`); false: each start begins empty")
 
@@ -127,7 +128,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 5.0
 
-    # --- the feedback agent (`tierflow feedback`, pipeline/feedback.py: FeedbackConfig is their view) ---
+    # --- the feedback agent (`tierflow feedback`, pipeline/agents/feedback.py: FeedbackConfig is their view) ---
     feedback_window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
     feedback_hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
     feedback_interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")

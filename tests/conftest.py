@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.brokers import EmbeddedBroker, embedded_broker
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics, delete_topics, topics_of
+from pipeline.adapters.brokers import EmbeddedBroker, embedded_broker
+from pipeline.adapters.kafka import create_topics, delete_topics, topics_of
+from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
 
@@ -116,7 +116,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def packaged_models(services: Settings) -> dict[Any, Any]:
     """The real per-tier models from the packaged artefacts, set up once per run (Tier -> model)."""
-    from pipeline.topics import Tier
+    from pipeline.contracts.topics import Tier
     from workers.models.registry import tier_model
 
     models = {t: tier_model(services, t) for t in Tier}

@@ -7,7 +7,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, Message
 
 from pipeline import metrics
-from pipeline.kafka import poll_batch
+from pipeline.adapters.kafka import poll_batch
 
 
 def collect_batch(consumer: Consumer, max_size: int, max_wait_s: float, idle_timeout_s: float = 0.1,

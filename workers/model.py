@@ -16,7 +16,7 @@ class Item:
     """One message as a model sees it."""
 
     text: str
-    lang: str = "en"  # "zh", "en" or another script tag from pipeline.features
+    lang: str = "en"  # "zh", "en" or another script tag from pipeline.core.features
     image: bytes | None = None
 
 

@@ -20,11 +20,9 @@ import redis
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from pipeline import metrics
-from pipeline.contracts import RoutedRequest, decode_model, fast_routed
-from pipeline.dlq import DeadLetters
-from pipeline.errors import InvalidMessage
-from pipeline.heartbeats import RECENT_S, Heartbeat, LatencyWindow
-from pipeline.kafka import (
+from pipeline.adapters.dlq import DeadLetters
+from pipeline.adapters.heartbeats import RECENT_S, Heartbeat, LatencyWindow
+from pipeline.adapters.kafka import (
     CRASH_MARK,
     DeliveryTracker,
     commit,
@@ -37,10 +35,12 @@ from pipeline.kafka import (
     rewind,
     topics_of,
 )
-from pipeline.replay import BackfillLane
-from pipeline.routing import should_escalate
+from pipeline.adapters.lanes import BackfillLane
+from pipeline.contracts.models import RoutedRequest, decode_model, fast_routed
+from pipeline.contracts.topics import Tier
+from pipeline.core.routing import should_escalate
+from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.batching import collect_batch
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 

@@ -417,7 +417,7 @@ def multilingual_examples(labels: Sequence[str], cfg: TrainConfig) -> tuple[Data
                     translated.labels.append(row["category"])
     answers = Dataset([], [])
     if cfg.answer_examples:
-        from workers.answers import answer_for, known_intents
+        from workers.templates import answer_for, known_intents
 
         for label in labels:
             if label in known_intents():

@@ -25,10 +25,10 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from pipeline.answers import Deduper
-from pipeline.devstack import AGENTS, Stack
-from pipeline.dlq import headers_dict
-from pipeline.kafka import Headers, make_consumer, make_producer, topics_of
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.kafka import Headers, make_consumer, make_producer, topics_of
+from pipeline.adapters.tails import Deduper
+from pipeline.ops.devstack import AGENTS, Stack
 from pipeline.settings import Settings
 
 # Every tier answers with the echo backend: the suite measures the pipeline, not a model.

@@ -27,8 +27,8 @@ import orjson
 from hypothesis import strategies as st
 
 import schemas
-from pipeline.contracts import MAX_IMAGE_BYTES, MAX_META_DEPTH, MAX_META_NUMBER, MAX_TEXT_CHARS, MAX_TS
-from pipeline.kafka import Headers, record_parts
+from pipeline.adapters.kafka import Headers, record_parts
+from pipeline.contracts.models import MAX_IMAGE_BYTES, MAX_META_DEPTH, MAX_META_NUMBER, MAX_TEXT_CHARS, MAX_TS
 from tests.faults.harness import Envelope
 
 Poison = tuple[str, bytes | None]
@@ -365,7 +365,7 @@ def strict_json(raw: bytes) -> Any:
 
 def is_poison(category: str, raw: bytes | None) -> bool:
     """The generator's own check: a JSON-level case must be schema-invalid. Images are judged by decoders, and
-    `meta` deeper than 8 levels by the contract (pipeline.contracts.MAX_META_DEPTH), not the schema. Numbers are
+    `meta` deeper than 8 levels by the contract (pipeline.contracts.models.MAX_META_DEPTH), not the schema. Numbers are
     judged exactly: NaN and Infinity are not JSON at all, 2^64 is not rounded to a double (as orjson would)."""
     if category in WORKER_CATEGORIES and raw is not None:
         return _undecodable(raw)

@@ -94,10 +94,10 @@ def render(data: dict[str, Any], command: str, code: int, took_s: float) -> str:
         f"pytest exited {code}. Do not edit by hand: run the command again.",
         "",
         "Each fault runs against real processes (ingest, one echo worker per tier, `tierflow up` where it "
-        "restarts agents), an embedded broker (each row names it: noida-db or tansu, pipeline/brokers.py) and "
+        "restarts agents), an embedded broker (each row names it: noida-db or tansu, pipeline/adapters/brokers.py) and "
         "Valkey, and is judged from the outside: a consumer "
         "of the test's own reads the answers and dead-letter topics. Invariants: every valid request id gets "
-        "exactly one answer after dedupe (`pipeline.answers.Deduper`), every invalid one is on the DLQ with "
+        "exactly one answer after dedupe (`pipeline.adapters.tails.Deduper`), every invalid one is on the DLQ with "
         "`x-error` and `x-error-kind`, nothing else disappears; raw duplicates stay within one batch per crash.",
         "",
         f"**{held} of {len(rows)} faults held every invariant ({checks_held} of {checks} checks).**",
@@ -114,7 +114,7 @@ def render(data: dict[str, Any], command: str, code: int, took_s: float) -> str:
     skipped = data.get("skipped", [])
     if skipped:
         out += ["", "## What a broker cannot run", "",
-                "Skipped with the deviation the skip names (measured, pipeline/brokers.py):", ""]
+                "Skipped with the deviation the skip names (measured, pipeline/adapters/brokers.py):", ""]
         out += [f"- **{s['broker']}**: `{s['test'].split('::')[-1]}`: {s['reason']}" for s in skipped]
     notes: dict[tuple[str, str], str] = {}
     for r in rows:  # the same fault on two brokers usually has the same note: say it once

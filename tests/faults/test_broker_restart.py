@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.devstack import Stack, free_port
-from pipeline.kafka import create_topics, make_admin, topics_of
+from pipeline.adapters.kafka import create_topics, make_admin, topics_of
+from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
 from tests.faults.harness import (

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pipeline.brokers import EmbeddedBroker
+from pipeline.adapters.brokers import EmbeddedBroker
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
 from tests.faults.harness import Agents, Observer, RssSampler, Traffic, verify
@@ -30,7 +30,7 @@ def test_exactly_once_survives_worker_kills(settings_factory: Callable[..., Sett
                                             reliability: Reliability) -> None:
     if broker is not None and not broker.traits.read_committed:
         pytest.skip(f"{broker.name}: read_committed consumers are shown aborted transactions, so exactly-once "
-                    "cannot hold on it (pipeline/brokers.py)")
+                    "cannot hold on it (pipeline/adapters/brokers.py)")
     s = settings_factory(exactly_once=True)
     agents = Agents(s, env={"TIERFLOW_EXACTLY_ONCE": "true"}).start(*PIPELINE)
     total, rate = 20_000, 1000.0

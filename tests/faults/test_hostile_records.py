@@ -19,8 +19,8 @@ import orjson
 import pytest
 from confluent_kafka import Message
 
-from pipeline.dlq import headers_dict
-from pipeline.kafka import Headers, Tail, make_producer, topics_of
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.kafka import Headers, Tail, make_producer, topics_of
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
 from tests.faults.harness import Observer, PidWatch, Traffic, Up, verify

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from pipeline.heartbeats import observe
+from pipeline.adapters.heartbeats import observe
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
 from tests.faults.harness import Agents, Observer, RssSampler, Traffic, cli, verify

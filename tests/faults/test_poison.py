@@ -27,9 +27,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from pipeline.contracts import RoutedRequest, decode_model, decode_request
+from pipeline.adapters.kafka import RECORD_OVERHEAD, make_producer, producer_limit, record_parts, topics_of
+from pipeline.contracts.models import RoutedRequest, decode_model, decode_request
 from pipeline.errors import InvalidMessage
-from pipeline.kafka import RECORD_OVERHEAD, make_producer, producer_limit, record_parts, topics_of
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability, broker_name
 from tests.faults.harness import Agents, Coords, Dead, Envelope, Observer, RssSampler, Sent, request, send, verify
@@ -270,7 +270,7 @@ def _letter(by_source: dict[Coords, Dead], coords: Coords | None, obs: Observer,
 
 
 def test_the_contracts_refuse_every_generated_number_and_routed_record() -> None:
-    """Regression (found by this suite): pipeline/contracts.py, routed records with numbers beyond 64 bits were
+    """Regression (found by this suite): pipeline/contracts/models.py, routed records with numbers beyond 64 bits were
     dead-lettered as 'internal' (the worker could not write its answer), NaN / Infinity in escalated_from were
     answered with "inference": null, and lax types ("no" for false) were answered though the schema rejects them.
     Checked here without a broker: every generated number case and routed case is refused by the contract."""
@@ -312,8 +312,8 @@ def huge_record(settings: Settings) -> bytes:
 
 @pytest.mark.integration
 def test_a_record_over_the_size_limit_is_dead_lettered(settings_factory: Callable[..., Settings]) -> None:
-    """Regression (found by this suite): pipeline/ingest.py + dlq.py, an over-limit record crashed ingest (re-producing
-    it to the DLQ raised MSG_SIZE_TOO_LARGE), again after every restart.
+    """Regression (found by this suite): pipeline/agents/ingest.py + dlq.py, an over-limit record crashed ingest
+    (re-producing it to the DLQ raised MSG_SIZE_TOO_LARGE), again after every restart.
     """
     s = settings_factory()
     agents = Agents(s).start("ingest")
@@ -334,8 +334,8 @@ def test_a_record_over_the_size_limit_is_dead_lettered(settings_factory: Callabl
 
 @pytest.mark.integration
 def test_a_valid_request_too_big_to_route_is_dead_lettered(settings_factory: Callable[..., Settings]) -> None:
-    """Regression (found by this suite): pipeline/ingest.py, a valid request whose routed record exceeded the limit
-    crashed ingest.
+    """Regression (found by this suite): pipeline/agents/ingest.py, a valid request whose routed record exceeded the
+    limit crashed ingest.
     """
     s = settings_factory()
     agents = Agents(s).start("ingest")
@@ -360,7 +360,7 @@ def test_a_valid_request_too_big_to_route_is_dead_lettered(settings_factory: Cal
 
 @pytest.mark.parametrize("ts", ['"123"', "true", '"0"'])
 def test_timestamps_are_integers_as_the_schema_says(ts: str) -> None:
-    """Regression (found by this suite): pipeline/contracts.py, ts "123" and true were coerced to integers,
+    """Regression (found by this suite): pipeline/contracts/models.py, ts "123" and true were coerced to integers,
     so records the schema rejects were answered."""
     raw = b'{"id":"a","text":"hello","ts":' + ts.encode() + b"}"
     with pytest.raises(InvalidMessage):

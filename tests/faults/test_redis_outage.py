@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipeline.devstack import Stack, free_port
-from pipeline.heartbeats import ready_tiers
+from pipeline.adapters.heartbeats import ready_tiers
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
-from pipeline.thresholds import ThresholdStore
 from tests.faults.conftest import Reliability
 from tests.faults.harness import Agents, Observer, RssSampler, Traffic, verify
 from tests.integration.helpers import wait_ready

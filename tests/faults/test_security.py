@@ -26,11 +26,12 @@ import redis
 from confluent_kafka import Consumer, Producer
 from pydantic import SecretStr
 
+from pipeline.adapters.kafka import make_consumer, make_producer
+from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
+from pipeline.core.routing import route
+from pipeline.core.thresholds import Thresholds
 from pipeline.errors import InvalidMessage
-from pipeline.kafka import make_consumer, make_producer
-from pipeline.routing import route
 from pipeline.settings import Settings
-from pipeline.thresholds import ThresholdCache, Thresholds, ThresholdStore
 from tests.faults.poison import jpeg, png, webp
 
 SASL_PW = "K4fka-s3cret-pw"
@@ -82,7 +83,7 @@ def test_kafka_extra_cannot_hide_a_typo() -> None:
 
 def test_feedback_agent_gets_the_same_credentials() -> None:
     """The feedback agent (faust/aiokafka) builds its own credentials from the same settings."""
-    from pipeline.feedback import _credentials
+    from pipeline.agents.feedback import _credentials
 
     creds = _credentials(secure_settings(kafka_ssl_key_password=None))
     assert (creds.username, creds.password, creds.mechanism.name) == ("tierflow", SASL_PW, "SCRAM_SHA_512")
@@ -292,8 +293,8 @@ def test_huge_but_valid_metadata_is_accepted_within_bounds(loaded_cache: tuple[F
 @pytest.mark.parametrize("value", [b"true", b'"100"'])
 def test_threshold_values_must_have_their_json_type(loaded_cache: tuple[FakeRedis, ThresholdCache],
                                                     value: bytes) -> None:
-    """Regression (found by this suite): pipeline/thresholds.py, lax parsing took {"length_threshold": true} as 1 (all
-    heavy).
+    """Regression (found by this suite): pipeline/core/thresholds.py, lax parsing took {"length_threshold": true} as 1
+    (all heavy).
     """
     r, cache = loaded_cache
     r.set(cache.store.key, b'{"version": 9, "length_threshold": ' + value + b"}")
@@ -325,7 +326,7 @@ def test_image_decoding_is_bounded_by_pixel_limits(fmt: str, data: bytes) -> Non
 
 def test_ingest_passes_bombs_on_by_magic_bytes_only() -> None:
     """What the edge checks (so the worker's decoder must catch bombs): size and magic bytes, nothing more."""
-    from pipeline.ingest import check_image
+    from pipeline.agents.ingest import check_image
 
     check_image(png(100_000, 100_000), "image/png")  # no exception: ingest does not decode
     with pytest.raises(InvalidMessage):

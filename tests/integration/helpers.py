@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Message
 
-from pipeline.kafka import make_consumer, make_producer, topics_of
+from pipeline.adapters.kafka import make_consumer, make_producer, topics_of
 from pipeline.settings import Settings
 
 
@@ -59,7 +59,7 @@ def wait_ready(settings: Settings, tiers: list[str], timeout: float = 120.0) -> 
     """Until each tier has a worker with models loaded and partitions assigned (and ingest had a moment)."""
     import redis
 
-    from pipeline.heartbeats import ready_tiers
+    from pipeline.adapters.heartbeats import ready_tiers
 
     r = redis.Redis.from_url(settings.redis)
     deadline = time.monotonic() + timeout

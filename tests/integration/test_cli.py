@@ -99,7 +99,7 @@ def test_missing_service_is_one_clear_line(tmp_path: Path, command: list[str], w
 
 def test_demo_answers_every_sample(tmp_path: Path) -> None:
     """The README's demo command: real packaged models, every sample answered, exit 0."""
-    from pipeline.samples import SAMPLES
+    from pipeline.ops.samples import SAMPLES
 
     env = clean_env(tmp_path, TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()),
                     COLUMNS="200")

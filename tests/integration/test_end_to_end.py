@@ -10,13 +10,13 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from pipeline.contracts import Answer, Result
-from pipeline.dlq import headers_dict
-from pipeline.ingest import Ingest
-from pipeline.kafka import topics_of
-from pipeline.samples import render_png
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.kafka import topics_of
+from pipeline.agents.ingest import Ingest
+from pipeline.contracts.models import Answer, Result
+from pipeline.contracts.topics import Tier
+from pipeline.ops.samples import render_png
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from schemas import validator
 from tests.conftest import Running
 from tests.integration.helpers import drain, produce_all, reader, values, wait_ready
@@ -128,7 +128,7 @@ def test_routing_rules_on_the_wire(
     """Short -> light, long -> heavy, VIP -> heavy, image -> multimodal; answers say why."""
     import redis
 
-    from pipeline.thresholds import ThresholdStore
+    from pipeline.adapters.threshold_store import ThresholdStore
 
     s = settings_factory()
     t = topics_of(s)
@@ -157,7 +157,7 @@ def test_unsure_light_answers_escalate_to_heavy(
     """With escalate_below high, short messages go light -> heavy: one answer, both stages on the results."""
     import redis
 
-    from pipeline.thresholds import ThresholdStore
+    from pipeline.adapters.threshold_store import ThresholdStore
 
     s = settings_factory()
     t = topics_of(s)

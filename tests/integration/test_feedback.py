@@ -3,7 +3,7 @@
 Synthetic traffic is "routed" with the thresholds the agent writes (read back from Redis as the
 ingest and workers would), with a light-confidence distribution that drifts lower (more escalations),
 and published as schema-valid result records (plus some labels on the labels topic). The agent runs as
-a child process (`python -m pipeline.feedback`), as `tierflow up` runs it.
+a child process (`python -m pipeline.agents.feedback`), as `tierflow up` runs it.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import orjson
 import pytest
 import redis
 
-from pipeline.devstack import Stack
-from pipeline.heartbeats import fault_key, read_heartbeats
-from pipeline.kafka import make_producer, produce, topics_of
+from pipeline.adapters.heartbeats import fault_key, read_heartbeats
+from pipeline.adapters.kafka import make_producer, produce, topics_of
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
-from pipeline.thresholds import ThresholdStore
 from tests.conftest import free_port
 from tests.integration.helpers import Live, drain, reader, values, wait_ready
 from tests.integration.test_replay import ECHO
@@ -150,7 +150,7 @@ def agent_factory(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env["TIERFLOW_DATA_DIR"] = str(tmp_path / "data")
         log = open(tmp_path / f"feedback-{len(procs)}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen([sys.executable, "-m", "pipeline.feedback"], env=env, cwd=ROOT, stdout=log,
+        p = subprocess.Popen([sys.executable, "-m", "pipeline.agents.feedback"], env=env, cwd=ROOT, stdout=log,
                              stderr=subprocess.STDOUT)
         procs.append(p)
         return p

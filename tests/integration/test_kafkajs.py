@@ -31,11 +31,11 @@ import pytest
 import redis
 from confluent_kafka.admin import NewTopic
 
-from pipeline.answers import AnswerReader
-from pipeline.devstack import Stack
-from pipeline.dlq import headers_dict
-from pipeline.heartbeats import ready_agents
-from pipeline.kafka import Tail, make_admin, make_producer, topics_of, wait_for_topics
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.heartbeats import ready_agents
+from pipeline.adapters.kafka import Tail, make_admin, make_producer, topics_of, wait_for_topics
+from pipeline.adapters.tails import AnswerReader
+from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 from tests.faults.harness import AGENT_ARGS, ECHO, request
 from tests.integration.helpers import produce_all, wait_ready

@@ -27,12 +27,12 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.devstack import Stack
-from pipeline.heartbeats import read_heartbeats
-from pipeline.kafka import create_topics, topics_of
-from pipeline.samples import render_png
+from pipeline.adapters.heartbeats import read_heartbeats
+from pipeline.adapters.kafka import create_topics, topics_of
+from pipeline.contracts.topics import Tier
+from pipeline.ops.devstack import Stack
+from pipeline.ops.samples import render_png
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from tests.conftest import free_port
 from tests.integration.helpers import produce_all
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.answers import AnswerReader
-from pipeline.devstack import AGENTS, Proc, Stack, free_port, port_open
-from pipeline.kafka import topics_of
+from pipeline.adapters.kafka import topics_of
+from pipeline.adapters.tails import AnswerReader
+from pipeline.ops.devstack import AGENTS, Proc, Stack, free_port, port_open
 from pipeline.settings import Settings
 from tests.faults.harness import ECHO, request
 from tests.integration.helpers import produce_all

@@ -20,10 +20,10 @@ import orjson
 import pytest
 import redis
 
-from pipeline.brokers import EmbeddedBroker
-from pipeline.devstack import Stack
-from pipeline.dlq import headers_dict
-from pipeline.kafka import topics_of
+from pipeline.adapters.brokers import EmbeddedBroker
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.kafka import topics_of
+from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 from tests.integration.helpers import TEXTS, Live, drain, produce_all, reader, values, wait_ready
 
@@ -200,8 +200,8 @@ def test_labelled_file_replay_reports_accuracy_per_tier(settings_factory: Callab
     """A JSONL file with labels: ground truth reaches tierflow.labels and `replay --wait` prints accuracy per tier."""
     import csv
 
-    from pipeline.ingest import Ingest
-    from pipeline.topics import Tier
+    from pipeline.agents.ingest import Ingest
+    from pipeline.contracts.topics import Tier
     from workers.runner import Worker
 
     s = settings_factory()

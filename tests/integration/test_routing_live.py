@@ -13,12 +13,12 @@ import orjson
 import pytest
 import redis
 
-from pipeline.devstack import Stack
-from pipeline.ingest import Ingest
-from pipeline.kafka import topics_of
+from pipeline.adapters.kafka import topics_of
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.agents.ingest import Ingest
+from pipeline.contracts.topics import Tier
+from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
-from pipeline.thresholds import ThresholdStore
-from pipeline.topics import Tier
 from tests.conftest import Running, free_port
 from tests.integration.helpers import Live, drain, reader, values, wait_ready
 from workers.models.echo import EchoModel

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schemas
-from pipeline.contracts import (
+from pipeline.contracts.models import (
     Answer,
     Label,
     Request,
@@ -194,10 +194,10 @@ def _routed_raw(**changes: Any) -> bytes:
     {"features__vip": 0}, {"escalated_from__extra": 1},
 ])
 def test_routed_records_the_schema_rejects_the_worker_rejects(changes: dict[str, Any]) -> None:
-    """Regression (found by the fault suite's routed poison): pipeline/contracts.py, a routed record written straight
-    to a tier topic with a number beyond 64 bits made the worker's answer unwritable (dead-lettered as 'internal',
-    a TypeError), NaN / Infinity in escalated_from was answered with `"inference": null` (not answer.v1), and
-    lax types ("no" for false, "0.5" for 0.5) were answered though the schema rejects them."""
+    """Regression (found by the fault suite's routed poison): pipeline/contracts/models.py, a routed record written
+    straight to a tier topic with a number beyond 64 bits made the worker's answer unwritable (dead-lettered as
+    'internal', a TypeError), NaN / Infinity in escalated_from was answered with `"inference": null` (not
+    answer.v1), and lax types ("no" for false, "0.5" for 0.5) were answered though the schema rejects them."""
     raw = _routed_raw(**changes)
     if b"NaN" in raw or b"Infinity" in raw:  # not JSON at all: no schema to ask
         with pytest.raises(ValueError):

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 import orjson
 import pytest
 
-from pipeline.controller import (
+from pipeline.adapters.heartbeats import observation
+from pipeline.core.controller import (
     BOUNDS,
     Change,
     ControllerConfig,
@@ -24,10 +25,9 @@ from pipeline.controller import (
     score,
     score_of,
 )
-from pipeline.health import Observation
-from pipeline.heartbeats import observation
-from pipeline.stats import AfterChange, AggConfig, Aggregator, Observed, WindowStats
-from pipeline.thresholds import Thresholds
+from pipeline.core.health import Observation
+from pipeline.core.stats import AfterChange, AggConfig, Aggregator, Observed, WindowStats
+from pipeline.core.thresholds import Thresholds
 
 STEP_MS = 2_000  # one control interval of simulated time
 T0 = 1_800_000_000_000

@@ -29,8 +29,8 @@ from packaging.utils import canonicalize_name
 from prometheus_client.metrics import MetricWrapperBase
 
 from pipeline import metrics
+from pipeline.contracts.topics import Tier, Topics, topic_specs
 from pipeline.settings import Settings
-from pipeline.topics import Tier, Topics, topic_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import features
-from pipeline.contracts import Request
-from pipeline.routing import TierHealth, in_sample, route, should_escalate
-from pipeline.topics import Tier
+from pipeline.contracts.models import Request
+from pipeline.contracts.topics import Tier
+from pipeline.core import features
+from pipeline.core.routing import TierHealth, in_sample, route, should_escalate
 
 
 def feats(text: str = "hi", *, vip: bool = False, image: bool = False, lang: str | None = None) -> dict[str, object]:

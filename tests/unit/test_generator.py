@@ -18,16 +18,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from workers.model import Item, Prediction
-from workers.models.generator import (
-    CausalLMGenerator,
-    GeneratedAnswers,
-    GenerationRequest,
-    build_messages,
-    generator_from_settings,
-    smollm2_gguf,
-    tidy,
-    with_generator,
-)
+from workers.models.generator import CausalLMGenerator, GeneratedAnswers, smollm2_gguf, with_generator
+from workers.models.prompts import GenerationRequest, build_messages, tidy
+from workers.models.registry import generator_from_settings
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.health import HealthLimits, HealthState, Observation, assess
-from pipeline.routing import HEALTHY
+from pipeline.core.health import HealthLimits, HealthState, Observation, assess
+from pipeline.core.routing import HEALTHY
 
 LIM = HealthLimits(slo_p95_ms=1000, degrade_lag=1000, recover_ratio=0.5, recover_after_s=3.0)
 

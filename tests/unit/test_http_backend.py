@@ -21,9 +21,8 @@ from pydantic import SecretStr
 
 from pipeline.errors import ModelError
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.model import Item, Prediction
-from workers.models.generator import GenerationRequest, generator_from_settings, with_generator
+from workers.models.generator import with_generator
 from workers.models.http import (
     LLM_CONFIDENCE,
     UNKNOWN,
@@ -33,6 +32,8 @@ from workers.models.http import (
     match_label,
     parse_reply,
 )
+from workers.models.prompts import GenerationRequest
+from workers.models.registry import generator_from_settings
 
 API_KEY = "sk-test-do-not-log-4242"
 MODEL = "stub-llm"
@@ -308,7 +309,7 @@ def test_settings_select_the_http_generator(stub: Stub) -> None:
     assert isinstance(gen, OpenAIChatClassifier) and gen.fallback is None
     assert gen.generate([GenerationRequest("hi", "en", "card_arrival")])[0].startswith("Thanks")
     assert stub.state.bodies[-1]["max_tokens"] == 40
-    assert OpenAIChatClassifier.from_settings(settings, Tier.HEAVY, with_fallback=False).labels[0] == "card_arrival"
+    assert OpenAIChatClassifier.from_settings(settings).labels[0] == "card_arrival"
 
 
 @pytest.mark.parametrize(("content", "want"), [

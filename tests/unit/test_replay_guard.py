@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.heartbeats import LatencyWindow
-from pipeline.replay import BackfillGate, LiveGuard, Pacer, RateControl, TierLatency, first_offset_at
+from pipeline.adapters.heartbeats import LatencyWindow
+from pipeline.agents.replay import LiveGuard, Pacer, RateControl, TierLatency, first_offset_at
+from pipeline.core.backfill import BackfillGate
 
 
 class Clock:
@@ -237,8 +238,8 @@ def test_time_seek_trusts_a_verified_guess_and_searches_only_within_bounds() -> 
 
 def test_pacer_sends_a_tenth_of_a_second_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    monkeypatch.setattr("pipeline.replay.time.monotonic", clock)
-    monkeypatch.setattr("pipeline.replay.time.sleep", clock.sleep)
+    monkeypatch.setattr("pipeline.agents.replay.time.monotonic", clock)
+    monkeypatch.setattr("pipeline.agents.replay.time.sleep", clock.sleep)
     pacer = Pacer(2000.0)
     assert pacer.chunk_size() == 200
     t0 = clock()

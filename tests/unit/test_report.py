@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.report import Summary, final_answers, summarize, write_figure
+from pipeline.ops.report import Summary, final_answers, summarize, write_figure
 
 T0 = 1_780_000_000_000  # epoch ms
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.contracts.topics import Tier, Topics, topic_specs
 from pipeline.settings import Settings
-from pipeline.topics import Tier, Topics, topic_specs
 
 
 def test_env_prefix_and_security_pass_through(monkeypatch: pytest.MonkeyPatch) -> None:

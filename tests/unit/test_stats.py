@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.stats import AggConfig, Aggregator, LinearHistogram, LogHistogram
+from pipeline.core.stats import AggConfig, Aggregator, LinearHistogram, LogHistogram
 
 NOW = 1_800_000_000_000
 
@@ -260,7 +260,7 @@ def test_last_n_per_model() -> None:
 
 
 def test_agent_state_survives_a_restart_and_counts_nothing_twice() -> None:
-    from pipeline.feedback import Feedback, FeedbackConfig
+    from pipeline.agents.feedback import Feedback, FeedbackConfig
     from pipeline.settings import Settings
 
     s = Settings(topic_prefix="t.")

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 IntArray = npt.NDArray[np.int64]

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from workers.answers import answer_for
 from workers.model import Item, Prediction
+from workers.templates import answer_for
 
 PACKAGED_ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 MANIFEST = "manifest.json"

@@ -21,8 +21,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 

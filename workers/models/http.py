@@ -29,11 +29,10 @@ from pydantic import SecretStr
 
 from pipeline.errors import ConfigError, ModelError
 from workers.model import InferenceModel, Item, Prediction, checked_predict
-from workers.models.generator import GenerationRequest, build_messages, in_language, language_name, tidy
+from workers.models.prompts import GenerationRequest, build_messages, in_language, language_name, tidy
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
-    from pipeline.topics import Tier
 
 log = logging.getLogger(__name__)
 
@@ -131,21 +130,12 @@ class OpenAIChatClassifier:
         return f"OpenAIChatClassifier(base_url={self.base_url!r}, model={self.model!r})"
 
     @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier,
-                      with_fallback: bool = True) -> OpenAIChatClassifier:
-        """The server `http_base_url` names; the fallback is the multilingual classifier `zh_model`."""
+    def from_settings(cls, settings: Settings, fallback: InferenceModel | None = None,
+                      answer_for: Callable[[str, str], str] | None = None) -> OpenAIChatClassifier:
+        """The server `http_base_url` names. As a classifier the registry passes the local `fallback` (the
+        multilingual `zh_model`) and the answer templates; as a generator it needs neither."""
         if not settings.http_base_url:
             raise ConfigError("the http backend needs TIERFLOW_HTTP_BASE_URL (e.g. http://vllm:8000/v1)")
-        fallback: InferenceModel | None = None
-        answer_for: Callable[[str, str], str] | None = None
-        if with_fallback:
-            # Imported here: the registry imports this module's siblings lazily, and only a classifier
-            # (not a generator) needs the local fallback model and the answer templates.
-            from workers.answers import answer_for as template_answer
-            from workers.models.registry import build
-
-            fallback = build(settings.zh_model, settings, tier) if settings.zh_model else None
-            answer_for = template_answer
         return cls(settings.http_base_url, settings.http_model, banking77_labels(),
                    api_key=settings.http_api_key, timeout_s=settings.http_timeout_s, fallback=fallback,
                    answer_for=answer_for, generate_max_tokens=settings.generator_max_new_tokens)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 log = logging.getLogger(__name__)

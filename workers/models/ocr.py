@@ -35,8 +35,7 @@ from pipeline.errors import InvalidMessage
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 
 if TYPE_CHECKING:
-    from pipeline.settings import Settings
-    from pipeline.topics import Tier
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -216,13 +215,6 @@ class OcrFusion:
         self.quote_image_text = quote_image_text
         self.name = f"ocr+{classifier.name}"
         self.last_ocr_ms: list[float] = []
-
-    @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier) -> OcrFusion:
-        """OCR in front of the multilingual classifier `zh_model` (image text is often Chinese)."""
-        from workers.models.registry import build  # the registry imports this module: import late
-
-        return cls(build(settings.zh_model, settings, tier), max_pixels=settings.max_image_pixels)
 
     def setup(self, device: str) -> None:
         self.classifier.setup(device)

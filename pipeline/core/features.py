@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pipeline.contracts import Request
+from pipeline.contracts.models import Request
 
 _HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _KANA_HANGUL = r"\u3040-\u30ff\uac00-\ud7af"

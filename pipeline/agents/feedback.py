@@ -1,8 +1,8 @@
 """The feedback agent: results and labels -> windowed statistics -> controller -> thresholds in Redis.
 
 A faust-streaming app (web server off) reads `tierflow.results` and `tierflow.labels` in batches
-(`stream.take_events(max_, within)`), feeds `pipeline.stats.Aggregator` (windows per tier and per
-model, label and shadow joins) and, every `interval_s`, runs `pipeline.controller.decide` and writes
+(`stream.take_events(max_, within)`), feeds `pipeline.core.stats.Aggregator` (windows per tier and per
+model, label and shadow joins) and, every `interval_s`, runs `pipeline.core.controller.decide` and writes
 its changes with `ThresholdStore.update(..., respect_pins=True)`, reason and inputs included, or rolls
 a bad change back. It publishes the model scores, accuracy, heavy share and tier p95 metrics.
 
@@ -40,7 +40,11 @@ import redis
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from pipeline import metrics
-from pipeline.controller import (
+from pipeline.adapters.heartbeats import AGENT, Heartbeat, observation, read_heartbeats
+from pipeline.adapters.kafka import check_reachable
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.contracts.topics import Topics
+from pipeline.core.controller import (
     KNOBS,
     ControllerConfig,
     ControllerState,
@@ -50,16 +54,13 @@ from pipeline.controller import (
     rank_models,
     score_of,
 )
+from pipeline.core.health import Observation
+from pipeline.core.stats import AfterChange, AggConfig, Aggregator, WindowStats
+from pipeline.core.thresholds import Thresholds
 from pipeline.errors import InvalidThresholds
-from pipeline.health import Observation
-from pipeline.heartbeats import AGENT, Heartbeat, observation, read_heartbeats
-from pipeline.kafka import check_reachable
 from pipeline.settings import Settings
-from pipeline.stats import AfterChange, AggConfig, Aggregator, WindowStats
-from pipeline.thresholds import Thresholds, ThresholdStore
-from pipeline.topics import Topics
 
-log = logging.getLogger("pipeline.feedback")  # also when run as __main__
+log = logging.getLogger("pipeline.agents.feedback")  # also when run as __main__
 
 WHO = "feedback"
 
@@ -436,7 +437,8 @@ def build_app(fb: Feedback) -> faust.App:
         broker_commit_interval=3600.0,  # offsets are committed after each snapshot (see Feedback.tick)
         broker_commit_every=1_000_000_000,
         consumer_auto_offset_reset="earliest",  # tansu's ListOffsets end offsets are wrong
-        # A restarted agent rejoins as itself (see pipeline.kafka.make_consumer: noida never expires a dead member).
+        # A restarted agent rejoins as itself (see pipeline.adapters.kafka.make_consumer: noida never expires a
+        # dead member).
         consumer_group_instance_id=f"{group_of(s, cfg)}-{s.worker_id}" if s.worker_id else None,
         consumer_max_fetch_size=s.max_message_bytes,
         topic_allow_declare=False,
@@ -535,7 +537,7 @@ def _final_save(fb: Feedback) -> None:
         log.info("feedback: state saved (%d results so far)", fb.agg.observed)
 
 
-if __name__ == "__main__":  # `python -m pipeline.feedback`: settings from the environment
+if __name__ == "__main__":  # `python -m pipeline.agents.feedback`: settings from the environment
     from pipeline.settings import get_settings
 
     sys.exit(main(get_settings()))

@@ -20,7 +20,7 @@ import orjson
 import redis
 
 from pipeline import metrics
-from pipeline.health import Observation
+from pipeline.core.health import Observation
 
 RECENT_S = 2.0  # seconds behind `live_recent_p95_ms`: fresh enough to steer by, enough answers for a p95
 

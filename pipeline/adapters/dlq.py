@@ -9,8 +9,7 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from pipeline import metrics
-from pipeline.errors import InvalidMessage
-from pipeline.kafka import (
+from pipeline.adapters.kafka import (
     RECORD_OVERHEAD,
     DeliveryTracker,
     Headers,
@@ -20,6 +19,7 @@ from pipeline.kafka import (
     record_parts,
     topics_of,
 )
+from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import metrics
-from pipeline.brokers import counts_batches
+from pipeline.adapters.brokers import counts_batches
+from pipeline.contracts.topics import Topics, TopicSpec, topic_specs
 from pipeline.errors import InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
-from pipeline.topics import Topics, TopicSpec, topic_specs
 
 log = logging.getLogger(__name__)
 

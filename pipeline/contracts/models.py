@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
+from pipeline.contracts.topics import Tier
 from pipeline.errors import InvalidMessage
-from pipeline.topics import Tier
 
 MAX_TEXT_CHARS = 32_768
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
@@ -120,7 +120,7 @@ def _depth(value: Any, level: int = 1) -> int:
 
 
 class Features(BaseModel):
-    """What the router knows of a request (pipeline/features.py computes it)."""
+    """What the router knows of a request (pipeline/core/features.py computes it)."""
 
     model_config = _ROUTED
     chars: Count

@@ -26,25 +26,20 @@ from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
-from pipeline.contracts import decode_request
-from pipeline.dlq import DeadLetters, error_headers
-from pipeline.errors import ConfigError, InvalidMessage, ServiceUnavailable
-from pipeline.heartbeats import RECENT_S, read_heartbeats
-from pipeline.kafka import (
-    DeliveryTracker,
+from pipeline.adapters.dlq import DeadLetters, error_headers
+from pipeline.adapters.heartbeats import RECENT_S, read_heartbeats
+from pipeline.adapters.kafka import (
     Headers,
     Tail,
     make_consumer,
-    make_member,
-    make_output_producer,
     make_producer,
-    next_offsets,
     produce,
-    rewind,
     topics_of,
 )
+from pipeline.contracts.models import decode_request
+from pipeline.errors import ConfigError, InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,156 +48,6 @@ CHUNK = 500  # records at most between flush + progress save
 CHUNK_S = 0.1  # a paced replay sends this many seconds' worth of records at a time
 
 
-# --------------------------------------------------------------------------- the backfill path's pacing
-def backfill_consumer_config(settings: Settings) -> dict[str, Any]:
-    """librdkafka keys for the consumers of the backfill topics (ingest's and the workers').
-
-    A consumer tailing a busy topic fetches again as soon as a fetch returns, a few records at a time:
-    on a small broker that request rate is what slows live produces and fetches. Keeping one record
-    queued stops the prefetch until the loop takes its next backfill batch, so a backfill costs a fetch
-    per batch; idle, the long wait keeps its polling cheap.
-    """
-    wait = settings.replay_fetch_wait_ms
-    return {"fetch.wait.max.ms": wait, "queued.min.messages": 1, "fetch.queue.backoff.ms": wait}
-
-
-def commit_async(consumer: Consumer, msgs: list[Message]) -> None:
-    """Commit the offsets after `msgs` without waiting for the broker (backfill batches: see BackfillGate)."""
-    if not msgs:
-        return
-    try:
-        consumer.commit(offsets=next_offsets(msgs), asynchronous=True)
-    except KafkaException as e:  # not committed: the batch is re-read, and answered ids are not answered again
-        log.debug("backfill commit failed: %s", e)
-
-
-class BackfillGate:
-    """When a loop may take a backfill batch: only while no live record waits, within a duty cycle.
-
-    After a backfill batch that took `d` seconds the loop rests `d * (1 - duty) / duty`, and at least
-    `gap_s`, before the next: backfill holds at most `duty` of the loop's time, a live record arriving
-    meanwhile finds the loop free, and the broker sees a few full batches rather than many small ones.
-    Where live traffic never leaves the loop idle, backfill still gets a batch every `starve_s` (and its
-    consumer stays polled, so it keeps its group membership).
-    """
-
-    def __init__(self, duty: float, gap_s: float = 0.0, starve_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.duty, self.gap_s, self.starve_s, self._clock = duty, gap_s, starve_s, clock
-        self._next = 0.0  # earliest start of the next backfill batch
-        self._last = clock()  # the last backfill turn, found records or not
-        self.active = False  # the last turn found records: more are probably waiting
-
-    def due(self, live_waiting: bool) -> bool:
-        now = self._clock()
-        if now < self._next:
-            return False
-        return not live_waiting or now - self._last >= self.starve_s
-
-    def done(self, started: float, records: int) -> None:
-        """A backfill turn that began at `started` (this gate's clock) took `records` records."""
-        now = self._clock()
-        self._last, self.active = now, records > 0
-        rest = (now - started) * (1.0 - self.duty) / self.duty if records else 0.0
-        self._next = now + max(self.gap_s, rest)
-
-    def idle_wait_s(self, idle_s: float) -> float:
-        """How long to block waiting for live records: no later than the next backfill turn while one is under way."""
-        if not self.active:
-            return idle_s
-        return min(idle_s, max(0.001, self._next - self._clock()))
-
-    def now(self) -> float:
-        return self._clock()
-
-
-class BackfillLane:
-    """The backfill side of an ingest or worker loop: its consumer, producer and gate, and its batch in flight.
-
-    A backfill batch is produced without waiting for the broker; its offsets commit (asynchronously) once
-    its records are acknowledged, checked at the next turn, and a batch that failed is read again. So a
-    turn holds the loop only for its CPU time, a live flush never waits for backfill records (they have a
-    producer of their own), and at most one backfill batch is in flight. With transactions, each turn is
-    a transaction of its own instead (the backfill producer has its own transactional id).
-    """
-
-    def __init__(self, settings: Settings, group: str, topic: str, who: str, dlq: DeadLetters,
-                 transactional_id: str | None = None, output: bool = False) -> None:
-        self.s, self.topic, self.who, self.dlq = settings, topic, who, dlq
-        self.consumer: Consumer = make_member(settings, group, **backfill_consumer_config(settings))
-        self.delivery = DeliveryTracker()
-        extra = {"transactional.id": transactional_id} if transactional_id else {}
-        make = make_output_producer if output else make_producer
-        self.producer: Producer = make(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True},
-                                       **extra)
-        self.transactional = transactional_id is not None
-        self.gate = BackfillGate(settings.replay_duty, settings.replay_gap_ms / 1000.0)
-        self.batch = settings.replay_batch
-        self.pending: list[Message] = []
-
-    def start(self) -> None:
-        if self.transactional:
-            self.producer.init_transactions(30)
-        self.consumer.subscribe([self.topic])
-
-    def settled(self) -> bool:
-        """Whether the batch in flight is done with: acknowledged (offsets committed) or failed (to be re-read)."""
-        if not self.pending:
-            return True
-        self.producer.poll(0)
-        if len(self.producer):
-            return False
-        if self.delivery.failed:
-            log.warning("%s: %d replayed records not delivered (%s); re-reading the batch", self.who,
-                        self.delivery.failed, "; ".join(self.delivery.errors))
-            self.delivery.reset()
-            rewind(self.consumer, self.pending)
-        else:
-            commit_async(self.consumer, self.pending)
-        self.pending = []
-        return True
-
-    def turn(self, live_waiting: bool, process: Callable[[list[Message], Producer], None]) -> int:
-        """Take and process one backfill batch, if one is due (see BackfillGate). Returns its size."""
-        if not self.gate.due(live_waiting) or not self.settled():
-            return 0
-        started = self.gate.now()
-        msgs = [m for m in self.consumer.consume(self.batch, 0) if m.error() is None]
-        if msgs:
-            if self.transactional:
-                self.producer.begin_transaction()
-                process(msgs, self.producer)
-                if not self.dlq.flush(self.s.flush_timeout_s):
-                    self.producer.abort_transaction()
-                    rewind(self.consumer, msgs)
-                else:
-                    self.producer.send_offsets_to_transaction(next_offsets(msgs),
-                                                              self.consumer.consumer_group_metadata())
-                    self.producer.commit_transaction()
-            else:
-                process(msgs, self.producer)
-                self.producer.poll(0)
-                # Dead letters are rare: wait for them here, so the async commit never outruns one.
-                if self.dlq.flush(self.s.flush_timeout_s):
-                    self.pending = msgs
-                else:
-                    log.warning("%s: dead letters of a backfill batch not delivered; re-reading it", self.who)
-                    self.producer.flush(self.s.flush_timeout_s)
-                    self.delivery.reset()
-                    rewind(self.consumer, msgs)
-        self.gate.done(started, len(msgs))
-        return len(msgs)
-
-    def idle_wait_s(self, idle_s: float) -> float:
-        return self.gate.idle_wait_s(idle_s)
-
-    def close(self) -> None:
-        self.producer.flush(self.s.flush_timeout_s)
-        self.settled()
-        self.consumer.close()
-
-
-# --------------------------------------------------------------------------- time and positions
 def parse_when(text: str) -> int:
     """Epoch milliseconds from an integer (ms) or an ISO-8601 time (UTC when no zone is given)."""
     text = text.strip()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import orjson
 
-from pipeline.kafka import Tail, topics_of
+from pipeline.adapters.kafka import Tail, topics_of
 from pipeline.settings import Settings
 
 
@@ -38,7 +38,7 @@ class AnswerReader:
     """Answers (dicts of schemas/answer.v1.json), each request id once, from positions taken when it is made.
 
     `from_beginning=False` starts at the topic's end offsets *now*: make the reader, then send, and no answer
-    can slip past it. No consumer group is joined or left behind (pipeline.kafka.Tail).
+    can slip past it. No consumer group is joined or left behind (pipeline.adapters.kafka.Tail).
     """
 
     def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:

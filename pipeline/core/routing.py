@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.topics import Tier
+from pipeline.contracts.topics import Tier
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -30,7 +30,7 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class TierHealth:
-    """Ingest's view of the heavy tier (pipeline/health.py decides it, with hysteresis)."""
+    """Ingest's view of the heavy tier (pipeline/core/health.py decides it, with hysteresis)."""
 
     heavy_ok: bool = True
     reason: str = "ok"  # "lag", "slow", "no_workers" when not ok
@@ -46,7 +46,7 @@ _DEGRADED: dict[tuple[str, str], Route] = {}
 
 
 def route(features: dict[str, Any], length_threshold: int, health: TierHealth = HEALTHY) -> Route:
-    """Pick the tier for one request. `features` is pipeline.features.extract()'s dict."""
+    """Pick the tier for one request. `features` is pipeline.core.features.extract()'s dict."""
     if features["has_image"]:
         return _IMAGE
     if features["vip"]:

@@ -31,13 +31,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.dlq import headers_dict
-from pipeline.heartbeats import read_heartbeats
-from pipeline.kafka import check_reachable, make_consumer, topics_of
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.heartbeats import read_heartbeats
+from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
+from pipeline.contracts.topics import Tier
+from pipeline.core.thresholds import Thresholds
 from pipeline.logs import scrub
 from pipeline.settings import Settings
-from pipeline.thresholds import Thresholds
-from pipeline.topics import Tier
 
 log = logging.getLogger(__name__)
 

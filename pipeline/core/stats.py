@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.routing import in_sample
+from pipeline.core.routing import in_sample
 
 SNAPSHOT_VERSION = 1
 TEXT_TIERS = ("light", "heavy")

@@ -11,14 +11,14 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.answers import AnswerReader
-from pipeline.devstack import Stack, free_port, port_open, running_stack
-from pipeline.heartbeats import ready_tiers
-from pipeline.kafka import make_producer, topics_of
-from pipeline.samples import VIP_USER, requests
+from pipeline.adapters.heartbeats import ready_tiers
+from pipeline.adapters.kafka import make_producer, topics_of
+from pipeline.adapters.tails import AnswerReader
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.contracts.topics import Tier
+from pipeline.ops.devstack import Stack, free_port, port_open, running_stack
+from pipeline.ops.samples import VIP_USER, requests
 from pipeline.settings import Settings
-from pipeline.thresholds import ThresholdStore
-from pipeline.topics import Tier
 
 
 def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, console: Console) -> None:

@@ -10,7 +10,7 @@ measured on this project's 2-core box (BENCHMARKS.md, README "The embedded broke
     with what it keeps (so every topic gets a short retention here) and a kill -9 loses what the last
     snapshot missed; on SIGTERM it saves once more but still acknowledges produces meanwhile;
   - it answers a fetch with everything up to the end, whatever the fetch size limits (consumers raise
-    `receive.message.max.bytes`, pipeline/kafka.py);
+    `receive.message.max.bytes`, pipeline/adapters/kafka.py);
   - it never expires a group member that stopped heartbeating (it checks only on that member's own
     heartbeat): after a kill -9 the group waits for it forever (none assigned within 600 s), so long-lived
     consumers rejoin as themselves (static membership, `TIERFLOW_WORKER_ID`);

@@ -20,13 +20,10 @@ import orjson
 import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from pipeline import features, metrics
-from pipeline.contracts import MAX_IMAGE_BYTES, decode_request, fast_request
-from pipeline.dlq import DeadLetters, headers_dict
-from pipeline.errors import InvalidMessage, InvalidThresholds
-from pipeline.health import HealthLimits, HealthState, assess
-from pipeline.heartbeats import AGENT, Heartbeat, observe
-from pipeline.kafka import (
+from pipeline import metrics
+from pipeline.adapters.dlq import DeadLetters, headers_dict
+from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
+from pipeline.adapters.kafka import (
     CRASH_MARK,
     DeliveryTracker,
     commit,
@@ -39,11 +36,16 @@ from pipeline.kafka import (
     rewind,
     topics_of,
 )
-from pipeline.replay import BackfillLane
-from pipeline.routing import HEALTHY, Route, TierHealth, in_sample, route
+from pipeline.adapters.lanes import BackfillLane
+from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
+from pipeline.contracts.models import MAX_IMAGE_BYTES, decode_request, fast_request
+from pipeline.contracts.topics import Tier
+from pipeline.core import features
+from pipeline.core.health import HealthLimits, HealthState, assess
+from pipeline.core.routing import HEALTHY, Route, TierHealth, in_sample, route
+from pipeline.core.thresholds import Thresholds
+from pipeline.errors import InvalidMessage, InvalidThresholds
 from pipeline.settings import Settings
-from pipeline.thresholds import ThresholdCache, Thresholds, ThresholdStore
-from pipeline.topics import Tier
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ text traffic:
   it calm: the window remembers a slow spell for a whole window), traffic moves off heavy (length
   threshold up, escalation down) one `shed_step` of routed share per `shed_cooldown_s`, never more than
   a further step past that target. The thresholds from before the first shed are kept; once the heavy
-  tier is healthy again, by ingest's own rule (`pipeline.health.calm`: workers' live p95 and lag under
+  tier is healthy again, by ingest's own rule (`pipeline.core.health.calm`: workers' live p95 and lag under
   `recover_ratio` of their limits for `recover_after_s`), they are restored in one change. The restore
   waits for evidence (heavy answering in time, typically ingest's own probe) unless the shed left heavy
   nothing to answer; it is watched like any change (and nothing else moves meanwhile) and rolled back if
@@ -48,9 +48,9 @@ from typing import Any, Literal
 
 from annotated_types import Ge, Gt, Le, Lt
 
-from pipeline.health import HealthLimits, Observation, breach, calm
-from pipeline.stats import AfterChange, Distribution, WindowStats
-from pipeline.thresholds import Thresholds
+from pipeline.core.health import HealthLimits, Observation, breach, calm
+from pipeline.core.stats import AfterChange, Distribution, WindowStats
+from pipeline.core.thresholds import Thresholds
 
 KNOBS = ("length_threshold", "escalate_below")
 Direction = Literal["less_heavy", "more_heavy", "none"]

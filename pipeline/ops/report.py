@@ -26,11 +26,11 @@ import numpy as np
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
-from pipeline.dlq import headers_dict
+from pipeline.adapters.dlq import headers_dict
+from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
+from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
-from pipeline.kafka import check_reachable, make_consumer, topics_of
 from pipeline.settings import Settings
-from pipeline.topics import Tier
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -480,8 +480,9 @@ def _heavy_budget(settings: Settings) -> float | None:
     """The current heavy budget from Redis, best effort: a report needs only Kafka."""
     import redis
 
+    from pipeline.adapters.threshold_store import ThresholdStore
+    from pipeline.core.thresholds import Thresholds
     from pipeline.errors import ServiceUnavailable
-    from pipeline.thresholds import Thresholds, ThresholdStore
 
     try:
         check_reachable(settings.redis, "Redis", timeout=1.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.routing import TierHealth
+from pipeline.core.routing import TierHealth
 
 
 @dataclass(frozen=True, slots=True)

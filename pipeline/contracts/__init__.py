@@ -1,0 +1,1 @@
+"""What crosses a process boundary: the records' models and fast paths, topic names, Redis keys. No I/O."""

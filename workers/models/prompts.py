@@ -1,0 +1,87 @@
+"""Prompts for answer generators: what a generator is asked (`GenerationRequest`), the `Generator` protocol,
+the chat messages built from a request, and the checks on what comes back (tidy, in the right language).
+
+Both local generators (`generator.py`) and the chat-server backend (`http.py`) depend on this module and not on
+each other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+# A customer message longer than this is cut before prompting: the intent is already known and the
+# prompt's cost (prefill time, KV memory) grows with every character.
+MAX_MESSAGE_CHARS = 1000
+
+_LANGUAGE_NAMES = {"en": "English", "zh": "Simplified Chinese (简体中文)"}
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_ECHOED_LABEL = re.compile(r"^(customer message|reply|answer|assistant)\s*:\s*", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What the generator needs to word one answer."""
+
+    text: str  # the customer's message
+    lang: str  # "en", "zh", ...: the language to answer in
+    intent: str  # the classifier's BANKING77 label
+    reference: str = ""  # the template answer for the intent, as grounding
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Writes one reply per request, in order; "" where it has nothing (the caller falls back)."""
+
+    name: str
+
+    def setup(self, device: str) -> None:
+        """Load onto `device` and warm up."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        """One reply per request, in order."""
+        ...
+
+
+def language_name(lang: str) -> str:
+    """The language tag as a prompt can name it."""
+    return _LANGUAGE_NAMES.get(lang, "the same language as the customer's message")
+
+
+def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
+    """The chat prompt for one request: the intent, the reference answer and the customer's message."""
+    language = language_name(req.lang)
+    system = (
+        "You are a customer-service assistant for a bank's card and payments app. "
+        f"Reply in {language}, in one to three short sentences. Be polite and practical. "
+        "Never invent account numbers, amounts or dates."
+    )
+    message = req.text.strip()[:MAX_MESSAGE_CHARS]
+    user = f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
+    if req.reference:
+        user += f"Our policy for this topic: {req.reference}\n"
+    user += f"Write a short, helpful reply to the customer in {language}."
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def tidy(text: str) -> str:
+    """Trim a generated reply to its first paragraph, dropping a last sentence cut off by the budget."""
+    # Small models follow the reply with commentary ("This is a polite reply...", "P.S."): the first
+    # paragraph is the reply.
+    text = text.strip().split("\n\n", 1)[0].strip()
+    text = _ECHOED_LABEL.sub("", text).strip().strip('"').strip()  # a prompt label parroted back
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    # Drop the unfinished tail only when a whole sentence stays; half a reply beats none.
+    if ends and ends[-1] < len(text):
+        text = text[: ends[-1]].rstrip()
+    return text
+
+
+def in_language(text: str, lang: str) -> bool:
+    """Whether `text` plausibly is in `lang`; small models often answer Chinese messages in English."""
+    if lang == "zh":
+        return bool(_CJK.search(text))
+    return True
