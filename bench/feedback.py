@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from bench.common import ROOT, embedded_services, fresh_topics, recorded, write_section
 from pipeline.adapters.kafka import make_producer, produce, topics_of
+from pipeline.contracts.keys import Keys
 from pipeline.core.stats import AggConfig, Aggregator
 from pipeline.settings import Settings
 
@@ -105,7 +106,7 @@ def agent_round(s: Settings, n: int, timeout: float) -> float:
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.agents.feedback"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     r = redis.Redis.from_url(s.redis)
-    key = f"{s.redis_prefix}feedback:state"
+    key = Keys(s.redis_prefix).feedback_state
     first: tuple[float, int] | None = None
     last = (0.0, 0)
     deadline = time.monotonic() + timeout

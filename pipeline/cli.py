@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.adapters.redis_client import make_redis
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
 from pipeline.settings import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, Settings, get_settings
 
@@ -54,12 +55,11 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _redis(settings: Settings) -> Any:
-    import redis
 
     from pipeline.adapters.kafka import check_reachable
 
     check_reachable(settings.redis, "Redis")
-    return redis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=3)
+    return make_redis(settings, command=True)
 
 
 def _stop_on_signals(stop: Callable[[], None]) -> None:

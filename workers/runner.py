@@ -36,6 +36,8 @@ from pipeline.adapters.kafka import (
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
+from pipeline.adapters.redis_client import make_redis
+from pipeline.contracts.keys import Keys
 from pipeline.contracts.models import RoutedRequest, decode_model, fast_routed
 from pipeline.contracts.topics import Tier
 from pipeline.core.routing import should_escalate
@@ -81,7 +83,7 @@ def take_transactional_id(r: redis.Redis, prefix: str, stable: str) -> tuple[str
     committed records as well (measured: tests/faults/test_exactly_once.py). A fresh id per run, with the
     previous one aborted by a producer of its own, is correct on every broker. Without Redis: the stable id.
     """
-    key = f"{prefix}tx:{stable}"
+    key = Keys(prefix).transactional_id(stable)
     fresh = f"{stable}.{time.time_ns():x}"
     try:
         prev = r.get(key)
@@ -118,7 +120,7 @@ class Worker:
         self.topics = topics_of(settings)
         self.worker_id = worker_id or f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
-        self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.r = r or make_redis(settings)
         self.group = settings.group(f"workers-{tier.value}")
         self.consumer = make_member(settings, self.group)
         self.dlq = DeadLetters(settings, f"worker:{tier.value}")
@@ -134,7 +136,7 @@ class Worker:
         self.backfill = BackfillLane(settings, settings.group(f"workers-{tier.value}-replay"),
                                      self.topics.replay_tier(tier), self.worker_id, self.dlq,
                                      backfill_tx, output=True)
-        self.answered_key = f"{settings.redis_prefix}replay:answered"
+        self.answered_key = Keys(settings.redis_prefix).replay_answered
         # One round trip and one call for a whole backfill batch: a pipelined SADD per id costs the client more.
         self._sadd_each = self.r.register_script(SADD_EACH)
         self.transactional = tx_id is not None

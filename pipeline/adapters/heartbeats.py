@@ -20,18 +20,19 @@ import orjson
 import redis
 
 from pipeline import metrics
+from pipeline.contracts.keys import Keys
 from pipeline.core.health import Observation
 
 RECENT_S = 2.0  # seconds behind `live_recent_p95_ms`: fresh enough to steer by, enough answers for a p95
 
 
 def hb_key(prefix: str, tier: str, worker_id: str) -> str:
-    return f"{prefix}hb:{tier}:{worker_id}"
+    return Keys(prefix).heartbeat(tier, worker_id)
 
 
 def fault_key(prefix: str, tier: str) -> str:
     """Injected latency for a tier (chaos testing: `tierflow fault latency`)."""
-    return f"{prefix}fault:latency_ms:{tier}"
+    return Keys(prefix).fault_latency(tier)
 
 
 AGENT = "agent"  # the heartbeat "tier" of the agents that are not workers (ingest, feedback): readiness only
@@ -43,7 +44,7 @@ def ready_agents(r: redis.Redis, prefix: str) -> set[str]:
 
 
 def read_heartbeats(r: redis.Redis, prefix: str, tier: str) -> list[dict[str, Any]]:
-    keys = list(r.scan_iter(match=f"{prefix}hb:{tier}:*", count=100))
+    keys = list(r.scan_iter(match=Keys(prefix).heartbeats(tier), count=100))
     if not keys:
         return []
     return [orjson.loads(v) for v in r.mget(keys) if v is not None]

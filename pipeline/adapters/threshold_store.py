@@ -23,6 +23,7 @@ import redis
 from pydantic import ValidationError
 
 from pipeline import metrics
+from pipeline.contracts.keys import Keys
 from pipeline.core.thresholds import TUNABLE, Thresholds, _first_error
 from pipeline.errors import InvalidThresholds
 
@@ -34,11 +35,9 @@ class ThresholdStore:
 
     def __init__(self, client: redis.Redis, prefix: str = "tierflow:") -> None:
         self.r = client
-        self.key = f"{prefix}thresholds"
-        self.history_key = f"{prefix}thresholds:history"
-        self.channel = f"{prefix}thresholds:changed"
-        self.vip_key = f"{prefix}vip"
-        self.vip_channel = f"{prefix}vip:changed"
+        keys = Keys(prefix)
+        self.key, self.history_key, self.channel = keys.thresholds, keys.thresholds_history, keys.thresholds_changed
+        self.vip_key, self.vip_channel = keys.vip, keys.vip_changed
 
     def get(self) -> Thresholds:
         """The current document; the defaults (written as version 1) when none exists."""

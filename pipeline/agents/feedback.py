@@ -42,7 +42,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from pipeline import metrics
 from pipeline.adapters.heartbeats import AGENT, Heartbeat, observation, read_heartbeats
 from pipeline.adapters.kafka import check_reachable
+from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.contracts.keys import Keys
 from pipeline.contracts.topics import Topics
 from pipeline.core.controller import (
     KNOBS,
@@ -137,9 +139,9 @@ class Feedback:
         self.s = settings
         self.cfg = cfg or FeedbackConfig.of(settings)
         self.topics = Topics(settings.topic_prefix)
-        self.r = client or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.r = client or make_redis(settings)
         self.store = ThresholdStore(self.r, settings.redis_prefix)
-        self.state_key = f"{settings.redis_prefix}feedback:state"
+        self.state_key = Keys(settings.redis_prefix).feedback_state
         self.agg = Aggregator(self.cfg.agg())
         self.ctl_cfg = self.cfg.controller()
         self.state = ControllerState()

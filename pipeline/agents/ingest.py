@@ -37,6 +37,7 @@ from pipeline.adapters.kafka import (
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
+from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
 from pipeline.contracts.models import MAX_IMAGE_BYTES, decode_request, fast_request
 from pipeline.contracts.topics import Tier
@@ -117,7 +118,7 @@ class Ingest:
     def __init__(self, settings: Settings, r: redis.Redis | None = None, health_checks: bool = True) -> None:
         self.s = settings
         self.topics = topics_of(settings)
-        self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.r = r or make_redis(settings)
         self.store = ThresholdStore(self.r, settings.redis_prefix)
         self.cache = ThresholdCache(self.store, component="ingest")
         self.monitor = HealthMonitor(self.r, settings.redis_prefix, self.cache) if health_checks else None

@@ -38,6 +38,8 @@ from pipeline.adapters.kafka import (
     produce,
     topics_of,
 )
+from pipeline.adapters.redis_client import make_redis
+from pipeline.contracts.keys import Keys
 from pipeline.contracts.models import decode_request
 from pipeline.errors import ConfigError, InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
@@ -329,14 +331,14 @@ class Replayer:
     def __init__(self, settings: Settings, r: redis.Redis | None = None) -> None:
         self.s = settings
         self.topics = topics_of(settings)
-        self.r = r or redis.Redis.from_url(settings.redis, socket_timeout=5, socket_connect_timeout=3)
+        self.r = r or make_redis(settings, command=True)
         self.producer: Producer = make_producer(settings)
         self.dlq = DeadLetters(settings, "replay")
-        self.answered_key = f"{settings.redis_prefix}replay:answered"
+        self.answered_key = Keys(settings.redis_prefix).replay_answered
         self.source_name = "replay"
 
     def state_key(self, job: str) -> str:
-        return f"{self.s.redis_prefix}replay:job:{job}"
+        return Keys(self.s.redis_prefix).replay_job(job)
 
     def run(self, source: Source, *, job: str, rate: float | None = None, limit: int | None = None,
             pin_thresholds: int | None = None, shadow: bool = False, force: bool = False, restart: bool = False,

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pipeline.adapters.heartbeats import ready_tiers
 from pipeline.adapters.kafka import make_producer, topics_of
+from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.tails import AnswerReader
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.topics import Tier
@@ -49,7 +50,7 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
     started = time.monotonic()
     with running_stack(s) as stack:
         console.print(f"[bold]tierflow demo[/bold]: broker {s.bootstrap}, Redis {s.redis}, logs {stack.log_dir}/")
-        r = redis.Redis.from_url(s.redis)
+        r = make_redis(s, command=True)
         ThresholdStore(r, s.redis_prefix).vip_add(VIP_USER)
         reader = AnswerReader(s)
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.adapters.brokers import EmbeddedBroker, Tansu, embedded_broker, weed_binary
+from pipeline.adapters.redis_client import make_redis
 from pipeline.errors import ConfigError, ServiceUnavailable
 from pipeline.settings import Settings
 
@@ -301,7 +302,7 @@ def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, tim
 
     from pipeline.adapters.heartbeats import ready_agents, ready_tiers
 
-    r = redis.Redis.from_url(stack.settings.redis, socket_timeout=2, socket_connect_timeout=2)
+    r = make_redis(stack.settings)
     names = [p.name for p in stack.procs if p.name in dict(AGENTS)]
     t0 = time.monotonic()
     took: dict[str, float] = {}
@@ -340,9 +341,8 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
         check_reachable(settings.bootstrap, "Kafka")
         check_reachable(settings.redis, "Redis")
         create_topics(settings)
-        import redis
 
-        ThresholdStore(redis.Redis.from_url(settings.redis), settings.redis_prefix).init()
+        ThresholdStore(make_redis(settings, command=True), settings.redis_prefix).init()
         if agents:
             for name, args in AGENTS:
                 if only is None or name in only:

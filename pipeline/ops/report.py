@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
+from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
@@ -486,7 +487,7 @@ def _heavy_budget(settings: Settings) -> float | None:
 
     try:
         check_reachable(settings.redis, "Redis", timeout=1.0)
-        r = redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=1)
+        r = make_redis(settings)
         raw = r.get(ThresholdStore(r, settings.redis_prefix).key)
         return Thresholds.model_validate_json(raw).heavy_budget if raw else None
     except (ServiceUnavailable, redis.RedisError, OSError, ValueError):

@@ -34,6 +34,8 @@ from rich.text import Text
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.heartbeats import read_heartbeats
 from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
+from pipeline.adapters.redis_client import make_redis
+from pipeline.contracts.keys import Keys
 from pipeline.contracts.topics import Tier
 from pipeline.core.thresholds import Thresholds
 from pipeline.logs import scrub
@@ -196,7 +198,7 @@ class Status:
         t = topics_of(settings)
         self.results = TopicTail(settings, t.results, RESULTS_BACKLOG)
         self.dlq = TopicTail(settings, t.dlq, DLQ_BACKLOG)
-        self.r = redis.Redis.from_url(settings.redis, socket_timeout=2, socket_connect_timeout=2)
+        self.r = make_redis(settings)
         self._answers: deque[_Answer] = deque()
         self._last_answer: dict[str, int] = {}
         self._dlq_times: deque[int] = deque()
@@ -269,7 +271,7 @@ class Status:
         try:
             for tier in _TIERS:
                 beats[tier] = read_heartbeats(self.r, self.s.redis_prefix, tier)
-            raw = self.r.get(f"{self.s.redis_prefix}thresholds")
+            raw = self.r.get(Keys(self.s.redis_prefix).thresholds)
             thresholds = Thresholds.model_validate_json(raw) if raw else None
             if raw is None:
                 notes.append("no thresholds in Redis yet (ingest writes the defaults when it starts)")

@@ -28,6 +28,7 @@ import redis
 from pipeline.adapters.heartbeats import fault_key, read_heartbeats
 from pipeline.adapters.kafka import make_producer, produce, topics_of
 from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.contracts.keys import Keys
 from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 from tests.conftest import free_port
@@ -168,7 +169,7 @@ def tail(tmp_path: Path, lines: int = 40) -> str:
 
 
 def snapshot(r: redis.Redis, s: Settings) -> dict[str, Any] | None:
-    raw = r.get(f"{s.redis_prefix}feedback:state")
+    raw = r.get(Keys(s.redis_prefix).feedback_state)
     return orjson.loads(raw) if raw else None
 
 

@@ -23,6 +23,7 @@ import redis
 from pipeline.adapters.brokers import EmbeddedBroker
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.kafka import topics_of
+from pipeline.contracts.keys import Keys
 from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 from tests.integration.helpers import TEXTS, Live, drain, produce_all, reader, values, wait_ready
@@ -128,7 +129,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
             out = cli(s2, *replay, "--rate", "2500", *([] if guarded else ["--max-live-slowdown", "0"]))
             # The replay lasts until its last request is answered (workers note each in Redis first).
             deadline = time.monotonic() + 120
-            while r.scard(f"{s2.redis_prefix}replay:answered") < 10_000 and time.monotonic() < deadline:
+            while r.scard(Keys(s2.redis_prefix).replay_answered) < 10_000 and time.monotonic() < deadline:
                 time.sleep(0.1)
             took = time.monotonic() - t0
             time.sleep(1)

@@ -1,0 +1,21 @@
+"""The one place Redis clients are made, with one timeout policy.
+
+Without timeouts a client waits forever on a Redis that stopped answering; every process survives a Redis
+outage by timing out and keeping its last-known state. Agents wait at most 2 s (their loops must move on); an
+operator's command may wait longer for an answer worth having.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from pipeline.settings import Settings
+
+AGENT_TIMEOUTS_S = (2.0, 2.0)  # (reply, connect)
+COMMAND_TIMEOUTS_S = (5.0, 3.0)
+
+
+def make_redis(settings: Settings, *, command: bool = False) -> redis.Redis:
+    """A client for `settings.redis`; `command`: an operator's command rather than a long-running agent."""
+    reply, connect = COMMAND_TIMEOUTS_S if command else AGENT_TIMEOUTS_S
+    return redis.Redis.from_url(settings.redis, socket_timeout=reply, socket_connect_timeout=connect)

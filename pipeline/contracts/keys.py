@@ -1,0 +1,64 @@
+"""Every Redis key and channel tierflow uses, in one place (as `topics.py` is for topics).
+
+All live under the settings' `redis_prefix` (default `tierflow:`), so two stacks can share one Redis:
+- `thresholds`, `thresholds:history`, `thresholds:changed`  the routing document, its versions, its pub/sub
+- `vip`, `vip:changed`                                   the VIP user set and its pub/sub
+- `hb:<tier>:<worker>`                                    a worker's (or agent's) heartbeat, with a TTL
+- `fault:latency_ms:<tier>`                               injected latency (`tierflow fault latency`)
+- `feedback:state`                                        the feedback agent's snapshot
+- `replay:answered`, `replay:job:<job>`                   ids a replay answered; a replay job's progress
+- `tx:<stable id>`                                        a worker's transactional id of its last run
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "tierflow:"
+
+    @property
+    def thresholds(self) -> str:
+        return f"{self.prefix}thresholds"
+
+    @property
+    def thresholds_history(self) -> str:
+        return f"{self.prefix}thresholds:history"
+
+    @property
+    def thresholds_changed(self) -> str:
+        return f"{self.prefix}thresholds:changed"
+
+    @property
+    def vip(self) -> str:
+        return f"{self.prefix}vip"
+
+    @property
+    def vip_changed(self) -> str:
+        return f"{self.prefix}vip:changed"
+
+    def heartbeat(self, tier: str, worker_id: str) -> str:
+        return f"{self.prefix}hb:{tier}:{worker_id}"
+
+    def heartbeats(self, tier: str) -> str:
+        """The SCAN pattern of one tier's heartbeats."""
+        return f"{self.prefix}hb:{tier}:*"
+
+    def fault_latency(self, tier: str) -> str:
+        return f"{self.prefix}fault:latency_ms:{tier}"
+
+    @property
+    def feedback_state(self) -> str:
+        return f"{self.prefix}feedback:state"
+
+    @property
+    def replay_answered(self) -> str:
+        return f"{self.prefix}replay:answered"
+
+    def replay_job(self, job: str) -> str:
+        return f"{self.prefix}replay:job:{job}"
+
+    def transactional_id(self, stable: str) -> str:
+        return f"{self.prefix}tx:{stable}"
