@@ -40,7 +40,7 @@ from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
 from pipeline.contracts.models import RoutedRequest, decode_model, fast_routed
 from pipeline.contracts.topics import Tier
-from pipeline.core.routing import should_escalate
+from pipeline.core.cascade import outcome
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
 from workers.batching import collect_batch
@@ -336,12 +336,10 @@ class Worker:
         rid, key = req["id"], msg.key()
         esc = d.get("escalated_from")
         replay, shadow, degraded = d.get("replay", False), d.get("shadow", False), d["degraded"]
-        escalate = (self.tier is Tier.LIGHT and not shadow and esc is None and not degraded
-                    and should_escalate(pred.confidence, d["escalate_below"]))
-        final = not escalate and not shadow
-        # A replayed request answered by an earlier replay gets a result, not a second answer.
-        repeat = (replay and final and not d.get("replay_force", False) and fresh_replays is not None
-                  and rid not in fresh_replays)
+        fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
+                       force=d.get("replay_force", False), degraded=degraded, escalated=esc is not None,
+                       fresh=None if fresh_replays is None else rid in fresh_replays)
+        escalate, final = fate.escalate, fate.final
         produced = _now_ms()
         received, ingested = d["received_ms"], d["ingested_ms"]
         total_ms = produced - received if produced > received else 0  # clocks of two hosts: never negative
@@ -386,9 +384,8 @@ class Worker:
         })
         out = self._out
         produce(out, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
-        answered_ms = float(total_ms) if final and not repeat and not escalate else None
-        kind = "escalated" if escalate else ("replay" if replay else "stage")
-        self._observed.append((kind, pred.model, infer_ms, queue_ms, answered_ms))
+        answered_ms = float(total_ms) if fate.answered else None
+        self._observed.append((fate.kind, pred.model, infer_ms, queue_ms, answered_ms))
         if escalate:
             up = {**d, "tier": Tier.HEAVY.value, "route_reason": f"{d['route_reason']}:escalated",
                   "escalated_from": {"tier": self.tier.value, "intent": pred.intent,
@@ -399,7 +396,7 @@ class Worker:
                 produce(out, heavy_topic, orjson.dumps(up), key)
             except InvalidMessage as e:  # too big to forward (an image near the limit): dead-letter, say why
                 self._dead(msg, e.kind, f"escalation to heavy failed: {e.reason}")
-        elif final and not repeat:
+        elif fate.answer:
             produce(out, self.topics.answers, answer_json, key)
 
     def _internal(self, msg: Message, e: Exception) -> None:

@@ -1,0 +1,58 @@
+"""The worker's cascade outcome over its whole truth table: tier x shadow x replay x force x degraded x escalated x
+confidence x whether an earlier replay answered the id. No broker: the outcome is a pure function."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipeline.contracts.topics import Tier
+from pipeline.core.cascade import Outcome, outcome
+
+BELOW = 0.5
+FLAGS = ("shadow", "replay", "force", "degraded", "escalated")
+CASES = [(tier, conf, fresh, dict(zip(FLAGS, bits, strict=True)))
+         for tier in Tier for conf in (0.2, 0.5, 0.9) for fresh in (True, False, None)
+         for bits in itertools.product((False, True), repeat=len(FLAGS))]
+
+
+@pytest.mark.parametrize(("tier", "conf", "fresh", "flags"), CASES)
+def test_every_combination_obeys_the_cascade_rules(tier: Tier, conf: float, fresh: bool | None,
+                                                   flags: dict[str, bool]) -> None:
+    o = outcome(tier, conf, BELOW, fresh=fresh, **flags)
+    # exactly one of: escalate, answer, result only
+    assert not (o.escalate and o.answer)
+    assert o.final == (not o.escalate and not flags["shadow"])
+    assert o.answered == o.answer
+    # who escalates: light, unsure, first pass, not a shadow run, not degraded (heavy is the unhealthy one)
+    assert o.escalate == (tier is Tier.LIGHT and conf < BELOW and not flags["shadow"] and not flags["escalated"]
+                          and not flags["degraded"])
+    # a shadow run answers nobody
+    if flags["shadow"]:
+        assert not o.answer and not o.escalate
+    # a replayed id an earlier replay answered gets a result, not a second answer, unless forced
+    if flags["replay"] and fresh is False and not flags["force"]:
+        assert not o.answer
+    # anything else that is final is answered: live traffic never loses its answer to the replay bookkeeping
+    if o.final and not flags["replay"]:
+        assert o.answer
+    assert o.kind == ("escalated" if o.escalate else "replay" if flags["replay"] else "stage")
+
+
+@pytest.mark.parametrize(("args", "kwargs", "expected"), [
+    # the rows a reader checks first, spelled out
+    ((Tier.LIGHT, 0.9, BELOW), {}, Outcome(escalate=False, final=True, answer=True, kind="stage")),
+    ((Tier.LIGHT, 0.2, BELOW), {}, Outcome(escalate=True, final=False, answer=False, kind="escalated")),
+    ((Tier.LIGHT, 0.5, BELOW), {}, Outcome(escalate=False, final=True, answer=True, kind="stage")),  # not below
+    ((Tier.HEAVY, 0.2, BELOW), {"escalated": True}, Outcome(False, True, True, "stage")),  # heavy always answers
+    ((Tier.LIGHT, 0.2, BELOW), {"degraded": True}, Outcome(False, True, True, "stage")),
+    ((Tier.LIGHT, 0.2, BELOW), {"shadow": True}, Outcome(False, False, False, "stage")),
+    ((Tier.HEAVY, 0.9, BELOW), {"replay": True, "fresh": False}, Outcome(False, True, False, "replay")),
+    ((Tier.HEAVY, 0.9, BELOW), {"replay": True, "fresh": False, "force": True}, Outcome(False, True, True, "replay")),
+    ((Tier.HEAVY, 0.9, BELOW), {"replay": True, "fresh": None}, Outcome(False, True, True, "replay")),
+    ((Tier.LIGHT, 0.2, BELOW), {"replay": True, "fresh": False}, Outcome(True, False, False, "escalated")),
+    ((Tier.MULTIMODAL, 0.1, BELOW), {}, Outcome(False, True, True, "stage")),
+])
+def test_the_named_rows(args: tuple[Tier, float, float], kwargs: dict[str, bool | None], expected: Outcome) -> None:
+    assert outcome(*args, **kwargs) == expected  # type: ignore[arg-type]
