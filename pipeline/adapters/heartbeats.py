@@ -16,11 +16,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 import redis
 
 from pipeline import metrics
 from pipeline.contracts.keys import Keys
+from pipeline.contracts.records import Heartbeat as HeartbeatDoc
+from pipeline.contracts.records import dump_heartbeat, heartbeat, heartbeat_of
 from pipeline.core.health import Observation
 
 RECENT_S = 2.0  # seconds behind `live_recent_p95_ms`: fresh enough to steer by, enough answers for a p95
@@ -40,35 +41,35 @@ AGENT = "agent"  # the heartbeat "tier" of the agents that are not workers (inge
 
 def ready_agents(r: redis.Redis, prefix: str) -> set[str]:
     """The agents (`ingest`, `feedback`) with a live heartbeat that says ready."""
-    return {str(b.get("agent")) for b in read_heartbeats(r, prefix, AGENT) if b.get("ready")}
+    return {b["agent"] for b in read_heartbeats(r, prefix, AGENT) if b["ready"]}
 
 
-def read_heartbeats(r: redis.Redis, prefix: str, tier: str) -> list[dict[str, Any]]:
+def read_heartbeats(r: redis.Redis, prefix: str, tier: str) -> list[HeartbeatDoc]:
+    """The live heartbeats of one tier (or of the agents: `AGENT`), every field present."""
     keys = list(r.scan_iter(match=Keys(prefix).heartbeats(tier), count=100))
     if not keys:
         return []
-    return [orjson.loads(v) for v in r.mget(keys) if v is not None]
+    return [hb for v in r.mget(keys) if v is not None and (hb := heartbeat_of(v)) is not None]
 
 
 def ready_tiers(r: redis.Redis, prefix: str, tiers: list[str]) -> list[str]:
     """The tiers with at least one worker that has its models loaded and partitions assigned."""
-    return [t for t in tiers if any(b.get("ready") for b in read_heartbeats(r, prefix, t))]
+    return [t for t in tiers if any(b["ready"] for b in read_heartbeats(r, prefix, t))]
 
 
 def observe(r: redis.Redis, prefix: str, tier: str) -> Observation:
     """One tier's health now, from its live workers' heartbeats."""
-    beats = read_heartbeats(r, prefix, tier)
-    return observation(beats, "p95_ms")
+    return observation(read_heartbeats(r, prefix, tier))
 
 
-def observation(beats: list[dict[str, Any]], p95_key: str) -> Observation:
-    """A tier's workers now: their lag, and the worst of their `p95_key` latencies and batches in hand
-    (every record of a batch that has taken longer than the SLO so far is answered later than the SLO)."""
+def observation(beats: list[HeartbeatDoc]) -> Observation:
+    """A tier's workers now: their lag, and the worst of their live answers' p95 and batches in hand (every
+    record of a batch that has taken longer than the SLO so far is answered later than the SLO). Live only:
+    see `pipeline.contracts.records.Heartbeat` for why ingest and the controller read the same signal."""
     return Observation(
         workers=len(beats),
-        lag=sum(int(b.get("lag", 0)) for b in beats),
-        p95_ms=max((max(float(b.get(p95_key, b.get("p95_ms", 0.0))), float(b.get("busy_ms", 0.0)))
-                    for b in beats), default=0.0),
+        lag=sum(b["lag"] for b in beats),
+        p95_ms=max((max(b["live_p95_ms"], b["busy_ms"]) for b in beats), default=0.0),
     )
 
 
@@ -117,10 +118,10 @@ class Heartbeat:
         return self
 
     def beat(self) -> None:
-        body = {"ts": time.time(), "worker": self.worker_id, **self.status()}
+        body = heartbeat(**{"tier": self.tier, **self.status(), "ts": time.time(), "worker": self.worker_id})
         try:
             pipe = self.r.pipeline(transaction=False)
-            pipe.set(self.key, orjson.dumps(body), px=self.ttl_ms)
+            pipe.set(self.key, dump_heartbeat(body), px=self.ttl_ms)
             pipe.get(self.fault_key)
             _, fault = pipe.execute()
             self.injected_latency_ms = float(fault) if fault else 0.0

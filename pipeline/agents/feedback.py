@@ -45,6 +45,7 @@ from pipeline.adapters.kafka import check_reachable
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import Keys
+from pipeline.contracts.records import Heartbeat as HeartbeatDoc
 from pipeline.contracts.topics import Topics
 from pipeline.core.controller import (
     KNOBS,
@@ -116,9 +117,9 @@ def group_of(settings: Settings, cfg: FeedbackConfig) -> str:
     return cfg.group or f"{settings.topic_prefix.rstrip('.:')}-feedback"
 
 
-def heavy_observation(beats: list[dict[str, Any]]) -> Observation:
+def heavy_observation(beats: list[HeartbeatDoc]) -> Observation:
     """The heavy tier now, from its workers' heartbeats: live answers' p95 (a replay's backlog is not the SLO's)."""
-    return observation(beats, "live_p95_ms")
+    return observation(beats)
 
 
 # --------------------------------------------------------------------------- the agent's state and I/O

@@ -493,9 +493,8 @@ def read_live_latency(r: redis.Redis, prefix: str) -> tuple[TierLatency, float]:
         beats = read_heartbeats(r, prefix, tier)
         if not beats:
             continue
-        newest = max([newest, *(float(b.get("ts", 0.0)) for b in beats)])
-        out[tier] = (max(float(b.get("live_recent_p95_ms", 0.0)) for b in beats),
-                     min(int(b.get("live_recent_n", 0)) for b in beats))
+        newest = max([newest, *(b["ts"] for b in beats)])
+        out[tier] = (max(b["live_recent_p95_ms"] for b in beats), min(b["live_recent_n"] for b in beats))
     return out, newest
 
 

@@ -20,7 +20,6 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 import redis
@@ -36,6 +35,7 @@ from pipeline.adapters.heartbeats import read_heartbeats
 from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
 from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
+from pipeline.contracts.records import Heartbeat as HeartbeatDoc
 from pipeline.contracts.topics import Tier
 from pipeline.core.thresholds import Thresholds
 from pipeline.logs import scrub
@@ -266,7 +266,7 @@ class Status:
         notes = [f"topic {tail.topic} does not exist: is the pipeline up? (tierflow topics create)"
                  for tail in (self.results, self.dlq) if tail.missing]
         notes += [*self.results.errors, *self.dlq.errors]
-        beats: dict[str, list[dict[str, Any]]] = {}
+        beats: dict[str, list[HeartbeatDoc]] = {}
         thresholds = None
         try:
             for tier in _TIERS:
@@ -285,22 +285,22 @@ class Status:
                      source=f"{self.s.bootstrap}  {scrub(self.s.redis)}  topics {self.s.topic_prefix}*",
                      notes=notes)
 
-    def _tier_view(self, tier: str, beats: list[dict[str, Any]] | None, start_ms: int, window: float,
+    def _tier_view(self, tier: str, beats: list[HeartbeatDoc] | None, start_ms: int, window: float,
                    now_ms: int) -> TierView:
         # partitions interleave, so the deque is only roughly in time order: filter, don't trust the prune
         mine = [a for a in self._answers if a.tier == tier and a.at_ms >= start_ms]
         last = self._last_answer.get(tier)
-        models = sorted({f"{b.get('model', '?')}@{b.get('device', '?')}" for b in beats or []})
+        models = sorted({f"{b['model']}@{b['device']}" for b in beats or []})
         return TierView(
             tier=tier,
             workers=len(beats or []),
-            ready=sum(1 for b in beats or [] if b.get("ready", True)),
+            ready=sum(1 for b in beats or [] if b["ready"]),
             models=", ".join(models),
             answers=len(mine),
             rate=len(mine) / window,
             p95_ms=_p95([a.total_ms for a in mine]),
-            worker_p95_ms=max((float(b.get("p95_ms", 0.0)) for b in beats), default=None) if beats else None,
-            lag=sum(int(b.get("lag", 0)) for b in beats) if beats else None,
+            worker_p95_ms=max((b["p95_ms"] for b in beats), default=None) if beats else None,
+            lag=sum(b["lag"] for b in beats) if beats else None,
             escalated=sum(a.escalated for a in mine),
             degraded=sum(a.degraded for a in mine),
             last_answer_s=(now_ms - last) / 1000.0 if last else None,

@@ -304,7 +304,7 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
         answers = reader(s, topics_of(s).answers)
         with Live(s, "slow", 100, texts=SLOW_TEXTS) as live:
             time.sleep(4)
-            base_p95 = max(float(b["live_p95_ms"]) for b in read_heartbeats(r, s.redis_prefix, "heavy"))
+            base_p95 = max(b["live_p95_ms"] for b in read_heartbeats(r, s.redis_prefix, "heavy"))
             inject = max(800.0, 10 * base_p95)
             start = time.time()
             r.set(fault_key(s.redis_prefix, "heavy"), str(inject), px=int(SLOWDOWN_S * 1000))

@@ -160,7 +160,7 @@ def wait_ready(p: Pipeline, timeout: float = 60.0) -> None:
             if name == "ingest" and total(sample, "tierflow_heavy_healthy") != 1:
                 missing.append("ingest:heavy_healthy")
         missing += [f"ready:{t}" for t in TIERS
-                    if not any(b.get("ready", True) for b in read_heartbeats(r, p.settings.redis_prefix, t))]
+                    if not any(b["ready"] for b in read_heartbeats(r, p.settings.redis_prefix, t))]
         time.sleep(0.2)
     assert not missing, f"not ready after {timeout:.0f}s: {missing}"
 

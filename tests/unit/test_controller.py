@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from pipeline.adapters.heartbeats import observation
+from pipeline.contracts.records import heartbeat
 from pipeline.core.controller import (
     BOUNDS,
     Change,
@@ -272,10 +273,10 @@ def test_a_batch_overrunning_the_slo_sheds_before_its_late_answers_reach_the_win
     w = sim.agg.window(sim.now_ms)
     assert w.tier("heavy") is not None and w.tier("heavy").p95_ms <= sim.th.heavy_slo_p95_ms  # type: ignore[union-attr]
     calm_d = decide(w, sim.th, sim.state, sim.now_ms / 1000, cfg=sim.cfg,
-                    heavy_now=observation([{"lag": 0, "live_p95_ms": 300.0, "busy_ms": 40.0}], "live_p95_ms"))
+                    heavy_now=observation([heartbeat(live_p95_ms=300.0, busy_ms=40.0)]))
     assert not _shed(calm_d), calm_d.reason
     # the window holds only answers in time; a heavy worker's batch in hand has taken 2x the SLO so far
-    stuck = observation([{"lag": 0, "live_p95_ms": 300.0, "busy_ms": 6000.0}], "live_p95_ms")
+    stuck = observation([heartbeat(live_p95_ms=300.0, busy_ms=6000.0)])
     assert stuck.p95_ms == 6000.0
     d = decide(w, sim.th, sim.state, sim.now_ms / 1000, cfg=sim.cfg, heavy_now=stuck)
     assert _shed(d) and "heavy p95 6000 ms > SLO 3000 ms (heavy workers' p95 6000 ms" in d.reason, d.reason
