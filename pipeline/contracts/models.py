@@ -1,4 +1,5 @@
-"""Python models of the message contracts in `schemas/` (checked against them by tests/unit/test_contracts.py).
+"""Python models of the message contracts in `schemas/` (checked against them by
+tests/unit/contracts/test_contracts.py).
 
 Decoding is where bad input is caught: every failure is an `InvalidMessage` with a machine-readable
 `kind`, so the caller can dead-letter the original bytes with a reason.
@@ -257,7 +258,7 @@ def fast_request(raw: bytes) -> dict[str, Any] | None:
     """The request as a dict when it is plainly valid, else None (then `decode_request` decides and explains).
 
     The ingest hot path: a text-only request that passes these checks is valid under
-    schemas/request.v1.json (tests/unit/test_contracts.py checks this against the schema and the model);
+    schemas/request.v1.json (tests/unit/contracts/test_contracts.py checks this against the schema and the model);
     anything rarer (images, meta, odd numbers) takes the full pydantic path.
     """
     try:
@@ -303,7 +304,7 @@ def fast_routed(raw: bytes) -> dict[str, Any] | None:
     """A routed record (schemas/routed.v1.json) as a dict when it is plainly valid, else None.
 
     The workers' hot path, as `fast_request` is ingest's: a text-only record as ingest writes it passes
-    (tests/unit/test_contracts.py checks that whatever passes, `RoutedRequest` accepts with the same
+    (tests/unit/contracts/test_contracts.py checks that whatever passes, `RoutedRequest` accepts with the same
     values); escalations, images and anything odd take `decode_model(RoutedRequest, raw)`.
     """
     try:

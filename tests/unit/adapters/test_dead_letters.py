@@ -15,7 +15,7 @@ from pipeline.cli import _poison, crash_at
 from pipeline.contracts.models import MAX_TS, decode_request, fast_request
 from pipeline.errors import InvalidMessage
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "request.v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "schemas" / "request.v1.json").read_text())
 LIMIT = 100_000
 
 

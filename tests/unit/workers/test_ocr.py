@@ -29,7 +29,7 @@ from workers.models.ocr import (
     respace,
 )
 
-IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
+IMAGES = Path(__file__).resolve().parents[2] / "data" / "images"
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf")
 
 
