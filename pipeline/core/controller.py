@@ -49,7 +49,7 @@ from typing import Any, Literal
 from annotated_types import Ge, Gt, Le, Lt
 
 from pipeline.core.health import HealthLimits, Observation, breach, calm
-from pipeline.core.stats import AfterChange, Distribution, WindowStats
+from pipeline.core.stats import AfterChange, Distribution, TierWindow, WindowStats
 from pipeline.core.thresholds import Thresholds
 
 KNOBS = ("length_threshold", "escalate_below")
@@ -342,6 +342,48 @@ def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float, c
     return "observe", ""
 
 
+@dataclass
+class _Tick:
+    """One decision's inputs and what the stages have found so far (notes, the state as it evolves)."""
+
+    w: WindowStats
+    th: Thresholds
+    state: ControllerState
+    now_s: float
+    cfg: ControllerConfig
+    heavy_now: Observation | None
+    inputs: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    calm_now: bool = False  # stage 2's reading of the heavy tier now, which stage 3 reuses
+    seen: str = ""
+
+    @property
+    def heavy(self) -> TierWindow | None:
+        return self.w.tier("heavy")
+
+    @property
+    def light(self) -> TierWindow | None:
+        return self.w.tier("light")
+
+    @property
+    def p95(self) -> float | None:
+        """The heavy tier's p95 in the window, when it rests on enough answers."""
+        h = self.heavy
+        return h.p95_ms if h is not None and h.finals >= self.cfg.min_tier_results else None
+
+    def hold(self, why: str) -> Decision:
+        return Decision("hold", why, self.inputs, self.state)
+
+
+@dataclass(frozen=True, slots=True)
+class _Goal:
+    """What the calibration aims at: the routed heavy share `goal`, the answered share `target`."""
+
+    shed: bool
+    goal: float
+    target: float
+
+
 def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
            after: AfterChange | None = None, cfg: ControllerConfig | None = None,
            recent: WindowStats | None = None, heavy_now: Observation | None = None) -> Decision:
@@ -351,77 +393,94 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
     window, the accuracy baseline of a new change (the whole window lags behind drifting traffic).
     `heavy_now`: what the heavy workers' heartbeats say now (the agent reads them), the signal recovery is
     judged on; without it the window's p95 stands in, and recovery waits for the slow spell to leave it.
+
+    Four stages, each may end the decision: (1) the change under watch is kept, accepted or rolled back;
+    (2) a heavy tier healthy again gets its thresholds from before the shed back; (3) a breached SLO sets a
+    shed goal; (4) the knobs move toward the goal (the budget, or the shed's).
     """
     cfg = cfg or ControllerConfig()
-    inputs = _inputs(w, th, now_s)
-    pinned = set(th.pinned)
-    notes: list[str] = []
-    heavy = w.tier("heavy")
-    light = w.tier("light")
-    p95 = heavy.p95_ms if heavy is not None and heavy.finals >= cfg.min_tier_results else None
-    slo = th.heavy_slo_p95_ms
-    inputs["heavy_p95_ms"] = _r(p95, 1)
+    t = _Tick(w, th, state, now_s, cfg, heavy_now, _inputs(w, th, now_s))
+    t.inputs["heavy_p95_ms"] = _r(t.p95, 1)
     if heavy_now is not None:
-        inputs["heavy_workers"] = {"workers": heavy_now.workers, "lag": heavy_now.lag,
-                                   "p95_ms": round(heavy_now.p95_ms, 1)}
+        t.inputs["heavy_workers"] = {"workers": heavy_now.workers, "lag": heavy_now.lag,
+                                     "p95_ms": round(heavy_now.p95_ms, 1)}
+    return _watch(t, after) or _recover(t, recent) or _enough_traffic(t) or _calibrate(t, _slo_goal(t), recent)
 
-    # 1. the change under observation: keep, accept or roll back
-    if state.pending is not None:
-        verdict, why = _judge(state.pending, after, th, now_s, cfg, heavy_now)
-        p = state.pending
-        if verdict == "rollback":
-            restore: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
-                                               for k, v in p.values_before.items() if k not in pinned}
-            inputs.update(rolled_back=p.version, rollback_to=p.previous_version,
-                          after_change=asdict(after) if after else None)
-            what = "the restore " if p.restore else ""
-            reason = f"rollback {what}v{p.version} to v{p.previous_version}: {why}"
-            # a failed restore keeps `home`: the next recovery restores it again, after the hold
-            new_state = replace(state, pending=None, hold_until_s=now_s + cfg.hold_after_rollback_s,
-                                blocked="more_heavy" if p.restore else p.direction, calm_since=None)
-            return Decision("rollback", reason, inputs, new_state, restore, rollback_to=p.previous_version)
-        if verdict == "accept":
-            state = replace(state, pending=None, home=None if p.restore else state.home)
 
+def _watch(t: _Tick, after: AfterChange | None) -> Decision | None:
+    """1. The change under observation: keep, accept or roll back."""
+    state, th, now_s = t.state, t.th, t.now_s
+    if state.pending is None:
+        return None
+    verdict, why = _judge(state.pending, after, th, now_s, t.cfg, t.heavy_now)
+    p = state.pending
+    if verdict == "rollback":
+        pinned = set(th.pinned)
+        restore: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
+                                           for k, v in p.values_before.items() if k not in pinned}
+        t.inputs.update(rolled_back=p.version, rollback_to=p.previous_version,
+                        after_change=asdict(after) if after else None)
+        what = "the restore " if p.restore else ""
+        reason = f"rollback {what}v{p.version} to v{p.previous_version}: {why}"
+        # a failed restore keeps `home`: the next recovery restores it again, after the hold
+        new_state = replace(state, pending=None, hold_until_s=now_s + t.cfg.hold_after_rollback_s,
+                            blocked="more_heavy" if p.restore else p.direction, calm_since=None)
+        return Decision("rollback", reason, t.inputs, new_state, restore, rollback_to=p.previous_version)
+    if verdict == "accept":
+        t.state = replace(state, pending=None, home=None if p.restore else state.home)
+    return None
+
+
+def _recover(t: _Tick, recent: WindowStats | None) -> Decision | None:
+    """2. The heavy tier healthy again: the thresholds from before the shed come back in one change."""
+    th, now_s, w = t.th, t.now_s, t.w
     lim = heavy_limits(th)
-    calm_now, answering, seen = _heavy_now(heavy_now, p95, lim)
+    calm_now, answering, seen = _heavy_now(t.heavy_now, t.p95, lim)
+    t.calm_now, t.seen = calm_now, seen
+    state = t.state
     since = (now_s if state.calm_since is None else state.calm_since) if calm_now else None
     state = replace(state, calm_since=since)
     if state.blocked is not None and now_s >= state.hold_until_s:
         state = replace(state, blocked=None)
-
-    def hold(why: str) -> Decision:
-        return Decision("hold", why, inputs, state)
-
+    t.state = state
     if state.pending is not None and state.pending.restore:
-        return hold(f"the restore v{state.pending.version} is under watch ({seen})")
-
-    # 2. the heavy tier healthy again: the thresholds from before the shed come back in one change
-    cur_len = th.length_threshold
-    cur_esc = th.escalate_below
+        return t.hold(f"the restore v{state.pending.version} is under watch ({seen})")
+    pinned = set(th.pinned)
     calm_for = now_s - state.calm_since if state.calm_since is not None else -1.0
-    if state.home is not None and calm_for >= th.recover_after_s:
-        back: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
-                                        for k, v in state.home.items() if k not in pinned and getattr(th, k) != v}
-        if not back:
-            state = replace(state, home=None, shed_target=None)
-        elif not answering and routed_share(w, cur_len, cur_esc) > cfg.deadband:
-            # heavy is idle because ingest degraded its traffic: ingest's probe will bring evidence
-            notes.append(f"heavy tier calm but idle ({seen}): restoring v{state.home_version} once it answers")
-        elif state.blocked == "more_heavy":
-            return hold(f"heavy tier healthy again ({seen}), but a more-heavy move was rolled back: "
-                        f"v{state.home_version} restored in {state.hold_until_s - now_s:.0f}s at the earliest")
-        else:
-            return _restore(w, th, replace(state, shed_target=None), now_s, back, inputs, notes,
-                            f"{seen}; under {th.recover_ratio:.0%} of its limits for {calm_for:.1f}s",
-                            heavy_now.p95_ms if heavy_now is not None else p95, recent, cfg)
+    if state.home is None or calm_for < th.recover_after_s:
+        return None
+    back: dict[str, float | int] = {k: int(v) if k == "length_threshold" else float(v)
+                                    for k, v in state.home.items() if k not in pinned and getattr(th, k) != v}
+    if not back:
+        t.state = replace(state, home=None, shed_target=None)
+    elif not answering and routed_share(w, th.length_threshold, th.escalate_below) > t.cfg.deadband:
+        # heavy is idle because ingest degraded its traffic: ingest's probe will bring evidence
+        t.notes.append(f"heavy tier calm but idle ({seen}): restoring v{state.home_version} once it answers")
+    elif state.blocked == "more_heavy":
+        return t.hold(f"heavy tier healthy again ({seen}), but a more-heavy move was rolled back: "
+                      f"v{state.home_version} restored in {state.hold_until_s - now_s:.0f}s at the earliest")
+    else:
+        return _restore(w, th, replace(state, shed_target=None), now_s, back, t.inputs, t.notes,
+                        f"{seen}; under {th.recover_ratio:.0%} of its limits for {calm_for:.1f}s",
+                        t.heavy_now.p95_ms if t.heavy_now is not None else t.p95, recent, t.cfg)
+    return None
 
-    if w.text_finals < cfg.min_results:
-        return hold(_join(notes, f"{w.text_finals} text answers in the window (< {cfg.min_results})"))
-    if w.degraded_share >= 1.0:
-        return hold("all heavy-bound traffic is degraded to light")
 
-    # 3. the heavy SLO: shed traffic off heavy while it is breached
+def _enough_traffic(t: _Tick) -> Decision | None:
+    """No move on too little evidence, nor while every heavy-bound request is degraded anyway."""
+    if t.w.text_finals < t.cfg.min_results:
+        return t.hold(_join(t.notes, f"{t.w.text_finals} text answers in the window (< {t.cfg.min_results})"))
+    if t.w.degraded_share >= 1.0:
+        return t.hold("all heavy-bound traffic is degraded to light")
+    return None
+
+
+def _slo_goal(t: _Tick) -> _Goal:
+    """3. The heavy SLO: shed traffic off heavy while it is breached; else aim at the budget."""
+    th, w, cfg, state, now_s = t.th, t.w, t.cfg, t.state, t.now_s
+    slo = th.heavy_slo_p95_ms
+    p95, heavy_now = t.p95, t.heavy_now
+    calm_now, seen = t.calm_now, t.seen
     shed = False
     # The window's p95, or the workers' now (their batch in hand included): a slowdown is seen from the
     # first batch that overruns the SLO, not only once its late answers have filled 5% of the window.
@@ -429,39 +488,48 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
                 default=None)
     if worst is not None and worst > slo * (1.0 + cfg.slo_tolerance):
         if calm_now:
-            notes.append(f"heavy p95 {worst:.0f} ms > SLO {slo:.0f} ms in the window, but {seen} now: "
-                         "no more shedding")
+            t.notes.append(f"heavy p95 {worst:.0f} ms > SLO {slo:.0f} ms in the window, but {seen} now: "
+                           "no more shedding")
         elif state.shed_target is None or now_s - state.shed_at_s >= cfg.shed_cooldown_s:
-            routed = routed_share(w, cur_len, cur_esc)
+            routed = routed_share(w, th.length_threshold, th.escalate_below)
             base = routed if state.shed_target is None else min(state.shed_target, routed)
             goal_shed = max(0.0, base - cfg.shed_step)
             first = state.home is None
-            state = replace(state, shed_target=round(goal_shed, 4), shed_at_s=now_s,
-                            home={k: getattr(th, k) for k in KNOBS} if first else state.home,
-                            home_version=th.version if first else state.home_version)
+            t.state = replace(state, shed_target=round(goal_shed, 4), shed_at_s=now_s,
+                              home={k: getattr(th, k) for k in KNOBS} if first else state.home,
+                              home_version=th.version if first else state.home_version)
             shed = True
-            notes.append(f"heavy p95 {worst:.0f} ms > SLO {slo:.0f} ms ({seen}): shedding heavy traffic to "
-                         f"{goal_shed:.3f} of text routed heavy")
+            t.notes.append(f"heavy p95 {worst:.0f} ms > SLO {slo:.0f} ms ({seen}): shedding heavy traffic to "
+                           f"{goal_shed:.3f} of text routed heavy")
     degraded = w.degraded_share
-    if state.shed_target is not None:
-        goal = state.shed_target  # routed share; what heavy answers of it is less by the degraded share
+    if t.state.shed_target is not None:
+        goal = t.state.shed_target  # routed share; what heavy answers of it is less by the degraded share
         target = goal * (1.0 - degraded)
     else:
         target = th.heavy_budget
         goal = min(1.0, target / (1.0 - degraded))  # for the traffic the degraded share leaves controllable
-    inputs["target_share"] = round(target, 4)
+    t.inputs["target_share"] = round(target, 4)
+    light = t.light
     if light is not None and light.p95_ms is not None and light.finals >= cfg.min_tier_results \
             and light.p95_ms > th.light_slo_p95_ms:
-        notes.append(f"light p95 {light.p95_ms:.0f} ms > SLO {th.light_slo_p95_ms:.0f} ms (add light workers)")
+        t.notes.append(f"light p95 {light.p95_ms:.0f} ms > SLO {th.light_slo_p95_ms:.0f} ms (add light workers)")
     if w.accuracy is not None and w.labeled >= cfg.min_check_labeled and w.accuracy < th.min_accuracy:
-        notes.append(f"accuracy {w.accuracy:.3f} < min_accuracy {th.min_accuracy:.3f}")
+        t.notes.append(f"accuracy {w.accuracy:.3f} < min_accuracy {th.min_accuracy:.3f}")
+    return _Goal(shed, goal, target)
 
-    # 4. calibrate
+
+def _calibrate(t: _Tick, g: _Goal, recent: WindowStats | None) -> Decision:
+    """4. Move the knobs toward the goal in bounded steps: `length_threshold` first, then `escalate_below`."""
+    w, th, cfg, state, now_s, inputs, notes = t.w, t.th, t.cfg, t.state, t.now_s, t.inputs, t.notes
+    shed, goal, target, degraded = g.shed, g.goal, g.target, w.degraded_share
+    heavy, light, p95 = t.heavy, t.light, t.p95
+    pinned = set(th.pinned)
+    cur_len, cur_esc = th.length_threshold, th.escalate_below
     before = predicted_share(w, cur_len, cur_esc)
     inputs["predicted_share"] = round(before, 4)
     band = cfg.deadband
     if abs(before - target) <= band and not shed:
-        return hold(_join(notes, f"predicted heavy share {before:.3f} within {band:.3f} of target {target:.3f}"))
+        return t.hold(_join(notes, f"predicted heavy share {before:.3f} within {band:.3f} of target {target:.3f}"))
 
     lo_len, hi_len = BOUNDS["length_threshold"]
     new_len = float(cur_len)
@@ -517,16 +585,16 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
     if new_esc != cur_esc:
         values["escalate_below"] = new_esc
     if not values:
-        return hold(_join(notes, f"predicted heavy share {before:.3f} vs target {target:.3f}: "
+        return t.hold(_join(notes, f"predicted heavy share {before:.3f} vs target {target:.3f}: "
                                  "no allowed move (pinned, bounded, no data or none gets closer)"))
     after_share = predicted_share(w, new_len, new_esc)
     direction = _direction(before, after_share)
     if state.blocked is not None and direction == state.blocked and not shed:
-        return hold(_join(notes, f"a {direction.replace('_', '-')} move was rolled back; not again for "
+        return t.hold(_join(notes, f"a {direction.replace('_', '-')} move was rolled back; not again for "
                                  f"{state.hold_until_s - now_s:.0f}s (predicted heavy share {before:.3f} vs "
                                  f"target {target:.3f})"))
     if direction == "more_heavy" and degraded > band:
-        return hold(_join(notes, f"{degraded:.3f} of answers in the window were degraded (heavy unhealthy): "
+        return t.hold(_join(notes, f"{degraded:.3f} of answers in the window were degraded (heavy unhealthy): "
                                  f"no move onto heavy (predicted heavy share {before:.3f} vs target {target:.3f})"))
     cost = 0.0
     if direction == "less_heavy" and heavy is not None and light is not None \
