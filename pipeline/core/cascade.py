@@ -43,6 +43,13 @@ def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: boo
     escalate = (tier is Tier.LIGHT and not shadow and not escalated and not degraded
                 and should_escalate(confidence, escalate_below))
     final = not escalate and not shadow
-    repeat = replay and final and not force and fresh is False
-    kind: Kind = "escalated" if escalate else ("replay" if replay else "stage")
-    return Outcome(escalate=escalate, final=final, answer=final and not repeat, kind=kind)
+    answer = final and not (replay and not force and fresh is False)
+    key = (escalate, final, answer, replay)
+    o = _SEEN.get(key)
+    if o is None:  # a handful of distinct outcomes: built once each, not once per message (the worker's hot path)
+        kind: Kind = "escalated" if escalate else ("replay" if replay else "stage")
+        o = _SEEN[key] = Outcome(escalate=escalate, final=final, answer=answer, kind=kind)
+    return o
+
+
+_SEEN: dict[tuple[bool, bool, bool, bool], Outcome] = {}

@@ -150,19 +150,28 @@ def test_heavy_outage_degrades_to_light_and_recovers(settings_factory: Callable[
     assert runs == ["degraded", "heavy", "degraded"], runs
 
 
-def test_injected_latency_degrades_heavy_traffic(settings_factory: Callable[..., Settings],
-                                                 running: Running) -> None:
-    s = settings_factory()
+def under_fault(s: Settings, running: Running, rate: float, ms: int, seconds: int, after_s: float,
+                tag: str) -> tuple[float, list[dict[str, Any]]]:
+    """An echo pipeline under a 300 ms heavy SLO, heavy-bound live traffic at `rate`, and `ms` of injected
+    latency per heavy batch for `seconds` from 2 s in: (when the fault was set, the answers in answer order)."""
     store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
     store.update("test", "tight SLO", heavy_slo_p95_ms=300, recover_after_s=1.0)
     answers = reader(s, topics_of(s).answers)
     echo_pipeline(s, running)
-    with Live(s, "live", 50, texts=["w" * 80]):
+    with Live(s, tag, rate, texts=["w" * 80]):
         time.sleep(2.0)
-        cli(s, "fault", "latency", "--tier", "heavy", "--ms", "400", "--seconds", "4")
-        time.sleep(14.0)  # 4 s of fault, then the 5 s latency window drains and the 1 s dwell passes
+        at = time.time()
+        cli(s, "fault", "latency", "--tier", "heavy", "--ms", str(ms), "--seconds", str(seconds))
+        time.sleep(after_s)
     got = sorted(values(drain(answers, lambda ms: False, timeout=10)), key=lambda a: a["answered_at"])
     answers.close()
+    return at, got
+
+
+def test_injected_latency_degrades_heavy_traffic(settings_factory: Callable[..., Settings],
+                                                 running: Running) -> None:
+    # 4 s of fault, then the 5 s latency window drains and the 1 s dwell passes
+    _, got = under_fault(settings_factory(), running, 50, 400, 4, 14.0, "live")
     slow = [a for a in got if a["degraded"]]
     assert slow and all("degraded_slow" in a["route_reason"] for a in slow)
     assert got[-1]["tier"] == "heavy"  # recovered after the fault expired
@@ -172,18 +181,7 @@ def test_a_heavy_batch_stuck_past_the_slo_degrades_before_its_answers_come_out(
         settings_factory: Callable[..., Settings], running: Running) -> None:
     # Low traffic: the stuck worker's lag stays far under degrade_lag, and no late answer comes out to raise its
     # p95 until the batch ends. Its heartbeat's `busy_ms` is the only news, and ingest must act on it.
-    s = settings_factory()
-    store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
-    store.update("test", "tight SLO", heavy_slo_p95_ms=300, recover_after_s=1.0)
-    answers = reader(s, topics_of(s).answers)
-    echo_pipeline(s, running)
-    with Live(s, "stuck", 5, texts=["w" * 80]):
-        time.sleep(2.0)
-        stuck_at = time.time()
-        cli(s, "fault", "latency", "--tier", "heavy", "--ms", "8000", "--seconds", "2")
-        time.sleep(14.0)
-    got = sorted(values(drain(answers, lambda ms: False, timeout=10)), key=lambda a: a["answered_at"])
-    answers.close()
+    stuck_at, got = under_fault(settings_factory(), running, 5, 8000, 2, 14.0, "stuck")
 
     def ingested(a: dict[str, Any]) -> float:
         return float(a["answered_at"] - a["timings_ms"]["total"] + a["timings_ms"]["ingest"]) / 1000
