@@ -7,6 +7,7 @@ Ingest and one worker per tier run as child processes (`python -m pipeline.cli .
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -292,14 +293,27 @@ def test_status_once_renders_the_running_pipeline(pipeline: Pipeline, traffic: d
     pipeline.drained(timeout=30)
 
 
+def _rdkafka_started(pid: int) -> bool:
+    """Whether the process runs a librdkafka client yet (its threads are named rdk:...)."""
+    with contextlib.suppress(OSError):
+        return any(Path(f"/proc/{pid}/task/{t}/comm").read_text().startswith("rdk:")
+                    for t in os.listdir(f"/proc/{pid}/task"))
+    return False
+
+
 def test_status_live_view_stops_cleanly_on_ctrl_c(pipeline: Pipeline) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "status", "--interval", "0.5"], env=pipeline.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(4.0)
+        # Ctrl-C once the command runs (its Kafka clients have started), not while Python still imports it: on a
+        # loaded box that takes seconds, and an interrupted import is Python's, not the command's.
+        deadline = time.monotonic() + 60
+        while not _rdkafka_started(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
         assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=15)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
