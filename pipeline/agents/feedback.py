@@ -40,12 +40,11 @@ import redis
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from pipeline import metrics
-from pipeline.adapters.heartbeats import AGENT, Heartbeat, observation, read_heartbeats
+from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
 from pipeline.adapters.kafka import check_reachable
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import Keys
-from pipeline.contracts.records import Heartbeat as HeartbeatDoc
 from pipeline.contracts.topics import Topics
 from pipeline.core.controller import (
     KNOBS,
@@ -115,11 +114,6 @@ class FeedbackConfig:
 
 def group_of(settings: Settings, cfg: FeedbackConfig) -> str:
     return cfg.group or f"{settings.topic_prefix.rstrip('.:')}-feedback"
-
-
-def heavy_observation(beats: list[HeartbeatDoc]) -> Observation:
-    """The heavy tier now, from its workers' heartbeats: live answers' p95 (a replay's backlog is not the SLO's)."""
-    return observation(beats)
 
 
 # --------------------------------------------------------------------------- the agent's state and I/O
@@ -247,7 +241,7 @@ class Feedback:
         self._redis_up()
         self.thresholds = th
         try:
-            heavy_now: Observation | None = heavy_observation(read_heartbeats(self.r, self.s.redis_prefix, "heavy"))
+            heavy_now: Observation | None = observe(self.r, self.s.redis_prefix, "heavy")
         except (redis.RedisError, OSError, ValueError) as e:
             log.warning("feedback: heavy heartbeats unreadable (%s); recovery judged on the window", e)
             heavy_now = None
