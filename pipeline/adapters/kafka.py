@@ -185,7 +185,7 @@ def coordinates(msgs: list[Message]) -> str:
     return f"{m.topic()}[{m.partition()}]@{m.offset()}"
 
 
-CRASH_MARK = "crashed handling the batch at "  # `tierflow up` reads it in a dead agent's log (pipeline.cli)
+CRASH_MARK = "crashed handling the batch at "  # `tierflow up` reads it in a dead agent's log (pipeline.ops.up)
 
 
 def poll_batch(consumer: Consumer, max_size: int, timeout: float) -> list[Message]:

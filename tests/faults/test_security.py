@@ -196,9 +196,9 @@ def test_an_unreachable_redis_error_hides_the_password() -> None:
 
 def test_tierflow_up_banner_hides_the_redis_password(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Regression (found by this suite): pipeline/cli.py, `tierflow up` printed the Redis URL, password included."""
-    from pipeline.cli import _print_endpoints
+    from pipeline.ops.up import print_endpoints
 
-    _print_endpoints(secure_settings(), tmp_path, {}, {"ingest": 0.1})
+    print_endpoints(secure_settings(), tmp_path, {}, {"ingest": 0.1})
     assert REDIS_PW not in capsys.readouterr().out
 
 

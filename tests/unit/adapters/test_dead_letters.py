@@ -11,9 +11,9 @@ from confluent_kafka import KafkaException, Producer
 
 from pipeline.adapters.dlq import ERROR_HEADERS, error_headers, fit
 from pipeline.adapters.kafka import CRASH_MARK, RECORD_OVERHEAD, oversize_reason, produce, producer_limit, record_parts
-from pipeline.cli import _poison, crash_at
 from pipeline.contracts.models import MAX_TS, decode_request, fast_request
 from pipeline.errors import InvalidMessage
+from pipeline.ops.up import crash_at, poison_note
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "schemas" / "request.v1.json").read_text())
 LIMIT = 100_000
@@ -111,6 +111,7 @@ def test_a_crash_loop_on_one_offset_is_called_a_poison_record() -> None:
     log = f"2026 INFO ingest: started\n2026 CRITICAL pipeline.agents.ingest: ingest: {CRASH_MARK}t.requests[2]@1041\n"
     assert crash_at(log) == "t.requests[2]@1041"
     assert crash_at("no crash here") is None
-    assert _poison(["t.requests[2]@1041"]) == ""
-    assert "a poison record at t.requests[2]@1041: it crashed 3 times" in _poison(["x", *["t.requests[2]@1041"] * 3])
-    assert _poison(["t.requests[2]@1041", "t.requests[2]@1050"]) == ""  # moving on: not a poison record
+    assert poison_note(["t.requests[2]@1041"]) == ""
+    three = poison_note(["x", *["t.requests[2]@1041"] * 3])
+    assert "a poison record at t.requests[2]@1041: it crashed 3 times" in three
+    assert poison_note(["t.requests[2]@1041", "t.requests[2]@1050"]) == ""  # moving on: not a poison record

@@ -1,0 +1,156 @@
+"""`tierflow up`: the dev stack under a supervisor that restarts a crashed agent (at most 5 times a minute) and
+says when one keeps crashing on the same input (a poison record)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.ops.commands import settings_of, setup_logging, stop_on_signals
+from pipeline.settings import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, Settings
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from pipeline.ops.devstack import AGENTS, running_stack, wait_agents_ready
+
+    s = settings_of(args)
+    if args.data is not None:
+        s = s.model_copy(update={"data_dir": args.data, "embedded_durable": True})
+    setup_logging(s)
+    stopping = threading.Event()
+    stop_on_signals(stopping.set)
+    ports = agent_metrics_ports(s.metrics_port)
+    failure: str | None = None
+    with running_stack(s, metrics_ports=ports) as stack:
+        s = stack.settings
+        print(f"tierflow: starting ({_stack_line(s)}); logs {stack.log_dir}/", flush=True)
+        took = wait_agents_ready(stack, stopping)
+        if took is None:  # stopped, or an agent died while starting: said below
+            failure = _dead_agent(stack) if not stopping.is_set() else None
+            stopping.set()
+        else:
+            print_endpoints(s, stack.log_dir, ports, took)
+        restarts: dict[str, list[float]] = {}
+        crashed_at: dict[str, list[str]] = {}  # where each agent's batch started when it died, oldest first
+        agents = dict(AGENTS)
+        while not stopping.wait(0.5):
+            for p in stack.dead():
+                if p.name not in agents:
+                    failure = f"{p.name} exited ({p.popen.returncode}): {last_error_line(stack.tail(p.name, 50))}"
+                    stopping.set()
+                    break
+                recent = [t for t in restarts.get(p.name, []) if time.monotonic() - t < 60]
+                tail = stack.tail(p.name, 80)
+                at = crash_at(tail)
+                history = crashed_at.setdefault(p.name, [])
+                history.append(at or "")
+                poison = poison_note(history)
+                if len(recent) >= 5:
+                    failure = (f"{p.name} keeps crashing ({len(recent) + 1} exits within a minute): "
+                               f"{last_error_line(tail)}; log {p.log_path}" + poison)
+                    stopping.set()
+                    break
+                print(f"tierflow up: {p.name} exited ({p.popen.returncode}): {last_error_line(tail)}; restarting"
+                      + poison, file=sys.stderr)
+                stack.procs.remove(p)
+                stack.start_agent(p.name, *agents[p.name], env=_metrics_env(ports, p.name))
+                restarts[p.name] = [*recent, time.monotonic()]
+        print("tierflow up: stopping ...", file=sys.stderr)
+    if failure:
+        print(f"tierflow up: {failure}", file=sys.stderr)
+        return 1
+    print("tierflow up: stopped", file=sys.stderr)
+    return 0
+
+
+def agent_metrics_ports(base: int | None) -> dict[str, int]:
+    """Each agent of `tierflow up` its own /metrics port: `base`, `base`+1, ... in AGENTS order."""
+    from pipeline.ops.devstack import AGENTS
+
+    return {} if base is None else {name: base + i for i, (name, _) in enumerate(AGENTS)}
+
+
+def _metrics_env(ports: dict[str, int], name: str) -> dict[str, str | None]:
+    return {"TIERFLOW_METRICS_PORT": str(ports[name]) if name in ports else None}
+
+
+def _dead_agent(stack: Any) -> str:
+    dead = stack.dead()
+    if not dead:
+        return "agents not ready"
+    p = dead[0]
+    return f"{p.name} exited ({p.popen.returncode}) while starting: {last_error_line(stack.tail(p.name, 50))}"
+
+
+def crash_at(log_text: str) -> str | None:
+    """Where the batch started that an agent died handling (`topic[partition]@offset`), from its log."""
+    from pipeline.adapters.kafka import CRASH_MARK
+
+    for ln in reversed(log_text.splitlines()):
+        if CRASH_MARK in ln:
+            return ln.split(CRASH_MARK, 1)[1].strip() or None
+    return None
+
+
+def poison_note(history: list[str]) -> str:
+    """'; a poison record at X ...' when the last crashes all happened on the same input offset."""
+    last = history[-1]
+    same = 0
+    for at in reversed(history):
+        if at != last:
+            break
+        same += 1
+    if not last or last == "-" or same < 2:
+        return ""
+    return f"; a poison record at {last}: it crashed {same} times in a row handling the batch that starts there"
+
+
+def last_error_line(log_text: str) -> str:
+    """The line of a child's log that says why it stopped: the last error line, else its last line."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error:" in ln or "Exception" in ln or " ERROR " in ln or "tierflow " in ln:
+            return ln
+    return lines[-1] if lines else "(no output)"
+
+
+def _stack_line(s: Settings) -> str:
+    from pipeline.adapters.brokers import embedded_broker
+    from pipeline.logs import scrub
+
+    kafka = f"kafka {s.bootstrap}" + (f" (embedded {embedded_broker(s.embedded_broker).label})"
+                                      if s.embedded_kafka else "")
+    return f"{kafka}, redis {scrub(s.redis)}" + (" (embedded valkey)" if s.embedded_redis else "")
+
+
+def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
+    from pipeline.adapters.brokers import embedded_broker
+    from pipeline.logs import scrub
+
+    lines = ["tierflow is up"]
+    if s.embedded_kafka:
+        b = embedded_broker(s.embedded_broker)
+        keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded_durable else \
+            "log starts empty each time (--data DIR keeps it)"
+        lines.append(f"  kafka   {s.bootstrap}  (embedded {b.label}; {keep})")
+        bounds = [f"{s.topic_retention_ms / 1000:.0f} s"] if s.topic_retention_ms is not None else []
+        if s.topic_retention_bytes is not None:
+            bounds.append(f"{s.topic_retention_bytes / (1024 * 1024):g} MiB per partition")
+        if bounds:
+            lines.append(f"          topics keep at most {' or '.join(bounds)}")
+    else:
+        lines.append(f"  kafka   {s.bootstrap}")
+    lines.append(f"  redis   {scrub(s.redis)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
+    lines.append("  agents  " + ", ".join(f"{n} {t:.1f}s" for n, t in took.items()) + " to ready")
+    if ports:
+        lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
+    lines += [f"  logs    {log_dir}/", f"  topics  {s.topic_prefix}*"]
+    env = "" if (s.kafka_port, s.redis_port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.embedded_kafka \
+        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis)} "
+    lines.append(f"  try:    {env}tierflow send 'where is my order?' --wait")
+    lines.append("  Ctrl-C stops everything.")
+    print("\n".join(lines), flush=True)
