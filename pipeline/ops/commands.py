@@ -352,7 +352,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from workers.train import main as train_main
+    from workers.training.run import main as train_main
 
     argv = ["--data", str(args.data), "--out", str(args.out)]
     if args.test:

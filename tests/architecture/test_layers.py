@@ -21,9 +21,12 @@ LAYERS: dict[str, set[str]] = {
     "pipeline.adapters": BASE | {"pipeline.contracts", "pipeline.core"},
     "pipeline.agents": BASE | {"pipeline.contracts", "pipeline.core", "pipeline.adapters", "workers"},
     "pipeline.ops": BASE | {"pipeline.contracts", "pipeline.core", "pipeline.adapters", "pipeline.agents",
-                            "workers"},
+                            "workers", "workers.training"},
     "workers": BASE | {"pipeline.contracts", "pipeline.core", "pipeline.adapters", "schemas"},
+    # offline: builds the serving backends' artefacts; nothing in workers/ outside it imports it back
+    "workers.training": BASE | {"pipeline.contracts", "pipeline.core", "workers"},
 }
+SERVING = ("workers.runner", "workers.model", "workers.models")
 G = graph()
 
 
@@ -73,6 +76,20 @@ def test_importing_the_controller_loads_no_io_library() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.parametrize("module", sorted(m for m in G if m.startswith(SERVING)))
+def test_serving_never_reaches_the_training_code(module: str) -> None:
+    reached = sorted(m for m in closure(module) if m.startswith("workers.training"))
+    assert not reached, f"{module} reaches {reached}"
+
+
+def test_a_worker_loads_no_training_code() -> None:
+    # what `tierflow worker` imports before its loop: the runner and the registry (backends load lazily)
+    code = ("import sys, workers.runner, workers.models.registry; "
+            "print(sorted(m for m in sys.modules if m.startswith('workers.training')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_there_are_no_import_circles() -> None:
     own = {m: {x for x in xs if x in G} for m, xs in G.items()}
     index: dict[str, int] = {}
@@ -109,3 +126,6 @@ def test_the_graph_sees_the_layers() -> None:
     assert "workers.models.registry" in G["pipeline.ops.commands"]  # a function-level import
     assert not allowed("pipeline.core.controller", "pipeline.adapters.threshold_store")
     assert not allowed("pipeline.adapters.kafka", "pipeline.agents.ingest")
+    assert not allowed("workers.runner", "workers.training.run")
+    assert allowed("workers.training.run", "workers.models.charngram")
+    assert "workers.training.run" in G["pipeline.ops.commands"]

