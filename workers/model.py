@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pipeline.contracts.topics import Tier
+    from pipeline.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,14 @@ class InferenceModel(Protocol):
     def predict(self, batch: Sequence[Item]) -> list[Prediction]:
         """One prediction per item, in order."""
         ...
+
+
+class BuildModel(Protocol):
+    """The registry's builder: backend `name` for `tier`, not yet set up. Every backend's
+    `from_settings(settings, tier, build)` gets it; a composite (OCR, the HTTP classifier) builds its inner
+    model with it by name, so neither the registry needs a branch per composite nor a composite the registry."""
+
+    def __call__(self, name: str, settings: Settings, tier: Tier) -> InferenceModel: ...
 
 
 class OutputCountError(RuntimeError):

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
+from workers.model import BuildModel
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 IntArray = npt.NDArray[np.int64]
@@ -170,7 +171,7 @@ class CharNgramClassifier(CalibratedClassifier):
         self.temperature = float(temperature)
 
     @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier) -> CharNgramClassifier:
+    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> CharNgramClassifier:
         """The trained model from `settings.artifacts_dir`, or the packaged one."""
         version = resolve_artifacts(settings.artifacts_dir)
         return cls.load(version.file("charngram"), version.labels)

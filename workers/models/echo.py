@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
-from workers.model import InferenceModel, Item, Prediction
+from workers.model import BuildModel, InferenceModel, Item, Prediction
 
 
 class EchoModel:
@@ -15,7 +15,7 @@ class EchoModel:
     name = "echo"
 
     @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier) -> InferenceModel:
+    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> InferenceModel:
         return cls()
 
     def setup(self, device: str) -> None:

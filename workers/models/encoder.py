@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
+from workers.model import BuildModel
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
@@ -123,7 +124,7 @@ class EncoderClassifier(CalibratedClassifier):
         self._head: torch.nn.Linear | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier) -> EncoderClassifier:
+    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> EncoderClassifier:
         """The trained head and tuned layers from `settings.artifacts_dir`, or the packaged ones."""
         version = resolve_artifacts(settings.artifacts_dir)
         char = version.file("charngram") if "charngram" in version.manifest["models"] else None

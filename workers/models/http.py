@@ -28,10 +28,11 @@ import httpx
 from pydantic import SecretStr
 
 from pipeline.errors import ConfigError, ModelError
-from workers.model import InferenceModel, Item, Prediction, checked_predict
+from workers.model import BuildModel, InferenceModel, Item, Prediction, checked_predict
 from workers.models.prompts import GenerationRequest, build_messages, in_language, language_name, tidy
 
 if TYPE_CHECKING:
+    from pipeline.contracts.topics import Tier
     from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -130,10 +131,19 @@ class OpenAIChatClassifier:
         return f"OpenAIChatClassifier(base_url={self.base_url!r}, model={self.model!r})"
 
     @classmethod
-    def from_settings(cls, settings: Settings, fallback: InferenceModel | None = None,
-                      answer_for: Callable[[str, str], str] | None = None) -> OpenAIChatClassifier:
-        """The server `http_base_url` names. As a classifier the registry passes the local `fallback` (the
-        multilingual `zh_model`) and the answer templates; as a generator it needs neither."""
+    def from_settings(cls, settings: Settings, tier: Tier | None = None,
+                      build: BuildModel | None = None) -> OpenAIChatClassifier:
+        """The server `http_base_url` names. As a tier's classifier (the registry passes its `build`) the local
+        fallback is the multilingual `zh_model`, built by `build` when one is set, and a reply that is missing or in
+        the wrong language becomes the intent's answer template; as a generator (`from_settings(settings)`) it needs
+        neither."""
+        fallback: InferenceModel | None = None
+        answer_for: Callable[[str, str], str] | None = None
+        if build is not None and tier is not None:
+            from workers.templates import answer_for as template_answer
+
+            answer_for = template_answer
+            fallback = build(settings.zh_model, settings, tier) if settings.zh_model else None
         if not settings.http_base_url:
             raise ConfigError("the http backend needs TIERFLOW_HTTP_BASE_URL (e.g. http://vllm:8000/v1)")
         return cls(settings.http_base_url, settings.http_model, banking77_labels(),

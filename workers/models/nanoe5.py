@@ -29,6 +29,7 @@ import numpy as np
 
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
+from workers.model import BuildModel
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class E5Classifier(CalibratedClassifier):
         self.threads = threads
 
     @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier) -> E5Classifier:
+    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> E5Classifier:
         """The trained head from `settings.artifacts_dir`, or the packaged one."""
         version = resolve_artifacts(settings.artifacts_dir)
         return cls.load(version.file("e5"), version.labels)

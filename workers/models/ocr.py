@@ -32,10 +32,11 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
 
 from pipeline.errors import InvalidMessage
-from workers.model import InferenceModel, Item, Prediction, checked_predict
+from workers.model import BuildModel, InferenceModel, Item, Prediction, checked_predict
 
 if TYPE_CHECKING:
-    pass
+    from pipeline.contracts.topics import Tier
+    from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,12 @@ class OcrFusion:
         self.quote_image_text = quote_image_text
         self.name = f"ocr+{classifier.name}"
         self.last_ocr_ms: list[float] = []
+
+    @classmethod
+    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel) -> OcrFusion:
+        """OCR over the multilingual classifier (`zh_model`, built by the registry's `build`: screenshots are often
+        Chinese), with the `max_image_pixels` limit."""
+        return cls(build(settings.zh_model, settings, tier), max_pixels=settings.max_image_pixels)
 
     def setup(self, device: str) -> None:
         self.classifier.setup(device)

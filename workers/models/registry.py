@@ -11,10 +11,11 @@ from typing import Protocol, cast
 from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
-from workers.model import ByScript, InferenceModel
+from workers.model import BuildModel, ByScript, InferenceModel
 from workers.models.prompts import Generator
 
-# name -> "module:Class"; each class has `from_settings(settings, tier) -> InferenceModel`.
+# name -> "module:Class"; each class has `from_settings(settings, tier, build) -> InferenceModel`, where `build` is
+# this module's own `build`: a composite (ocr, http) builds its inner classifier with it, by name.
 BACKENDS: dict[str, str] = {
     "charngram": "workers.models.charngram:CharNgramClassifier",
     "minilm": "workers.models.encoder:EncoderClassifier",
@@ -26,27 +27,17 @@ BACKENDS: dict[str, str] = {
 
 
 class _Factory(Protocol):
-    def from_settings(self, settings: Settings, tier: Tier) -> InferenceModel: ...
+    def from_settings(self, settings: Settings, tier: Tier, build: BuildModel) -> InferenceModel: ...
 
 
 def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
     """Instantiate backend `name` for `tier` (not yet set up)."""
     _check_name(name, _variable_of(name, settings, tier))
-    # The composites get their inner classifier from here: they never import the registry back.
-    if name == "ocr":
-        from workers.models.ocr import OcrFusion
-
-        return OcrFusion(build(settings.zh_model, settings, tier), max_pixels=settings.max_image_pixels)
-    if name == "http":
-        from workers.models.http import OpenAIChatClassifier
-        from workers.templates import answer_for
-
-        fallback = build(settings.zh_model, settings, tier) if settings.zh_model else None
-        return OpenAIChatClassifier.from_settings(settings, fallback=fallback, answer_for=answer_for)
-    target = BACKENDS[name]
-    module, _, cls = target.partition(":")
+    module, _, cls = BACKENDS[name].partition(":")
     factory = cast(_Factory, getattr(importlib.import_module(module), cls))
-    return factory.from_settings(settings, tier)
+    # `build` is looked up when called: the composites get their inner model from here (as patched in tests),
+    # and never import the registry back.
+    return factory.from_settings(settings, tier, build)
 
 
 def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
