@@ -1,8 +1,8 @@
 """The bodies of the `tierflow` commands, one `cmd_<name>(args) -> exit code` each; `pipeline/cli.py` parses
 the command line and dispatches here.
 
-Heavy modules (torch, the agents, the models, faust) are imported inside the command that needs them, so
-`tierflow send` starts in well under a second.
+Heavy modules (torch, the agents, the models, faust, confluent_kafka) are imported inside the command that needs
+them, so `tierflow send` loads none it does not use (tests/architecture/test_thin_cli.py checks the import).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def setup_logging(settings: Settings) -> None:
+    """The root logger at `log_level`, as JSON lines or as text, scrubbed of secrets either way; faust quieter."""
     level = getattr(logging, settings.log_level.upper(), logging.INFO)
     if settings.log_json:
         from pipeline.logs import JsonFormatter
@@ -58,7 +59,6 @@ def setup_logging(settings: Settings) -> None:
 
 
 def _redis(settings: Settings) -> Any:
-
     from pipeline.adapters.kafka import check_reachable
 
     check_reachable(settings.redis, "Redis")
@@ -66,6 +66,7 @@ def _redis(settings: Settings) -> Any:
 
 
 def stop_on_signals(stop: Callable[[], None]) -> None:
+    """Call `stop` on SIGTERM and SIGINT (instead of KeyboardInterrupt): the command winds down by itself."""
     def handler(signum: int, frame: object) -> None:
         stop()
 
