@@ -38,7 +38,15 @@ from pipeline.adapters.kafka import (
 from pipeline.adapters.lanes import BackfillLane
 from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
-from pipeline.contracts.models import RoutedRequest, decode_model, fast_routed
+from pipeline.contracts.models import RoutedRequest, decode_model
+from pipeline.contracts.records import (
+    Routed,
+    answer,
+    dump_answer_and_result,
+    escalation,
+    fast_routed,
+    result_details,
+)
 from pipeline.contracts.topics import Tier
 from pipeline.core.cascade import outcome
 from pipeline.errors import InvalidMessage
@@ -116,7 +124,6 @@ class Worker:
     def __init__(self, settings: Settings, tier: Tier, model: InferenceModel, device: str = "cpu",
                  worker_id: str | None = None, r: redis.Redis | None = None) -> None:
         self.s, self.tier, self.model, self.device = settings, tier, model, device
-        self._tier_name = tier.value  # read per message: an Enum attribute costs a descriptor call
         self.topics = topics_of(settings)
         self.worker_id = worker_id or f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
@@ -250,7 +257,7 @@ class Worker:
             self._busy_since = time.monotonic()
         self._out = producer
         dequeued = _now_ms()
-        routed: list[tuple[Message, dict[str, Any], Item]] = []
+        routed: list[tuple[Message, Routed, Item]] = []
         for msg in msgs:
             raw = msg.value()
             d = fast_routed(raw) if raw is not None else None
@@ -260,8 +267,8 @@ class Worker:
             try:  # escalations, images, anything unusual: the full model, then the same plain dict
                 rr = decode_model(RoutedRequest, raw)
                 image = rr.request.image.decode() if rr.request.image is not None else None
-                d = rr.model_dump(mode="json", exclude_none=True)
-                routed.append((msg, d, Item(rr.request.text or "", rr.features.lang, image)))
+                slow: Routed = rr.model_dump(mode="json", exclude_none=True)  # type: ignore[assignment]
+                routed.append((msg, slow, Item(rr.request.text or "", rr.features.lang, image)))
             except InvalidMessage as e:
                 self._dead(msg, e.kind, e.reason)
             except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the worker
@@ -286,7 +293,7 @@ class Worker:
             except Exception as e:  # noqa: BLE001 - the last line of defence for one record
                 self._internal(msg, e)
 
-    def _first_replay_answers(self, batch: list[dict[str, Any]]) -> set[str] | None:
+    def _first_replay_answers(self, batch: list[Routed]) -> set[str] | None:
         """Replayed ids that have not been answered by a replay before (None: Redis unavailable, answer all).
 
         Replaying the same range twice must not answer a request twice; `--force` overrides.
@@ -302,7 +309,7 @@ class Worker:
             return None
         return {rid for rid, n in zip(ids, added, strict=True) if n}
 
-    def _predict(self, routed: list[tuple[Message, dict[str, Any], Item]]) -> list[Prediction | None]:
+    def _predict(self, routed: list[tuple[Message, Routed, Item]]) -> list[Prediction | None]:
         """Predict the batch; on failure retry item by item and dead-letter what still fails."""
         if not routed:
             return []
@@ -326,71 +333,31 @@ class Worker:
                 out.append(None)
         return out
 
-    def _emit(self, msg: Message, d: dict[str, Any], pred: Prediction, infer_ms: float, batch: int,
+    def _emit(self, msg: Message, d: Routed, pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
         """One record's outputs: its result (always), then its answer or its escalation to heavy.
 
         `d` is a routed record as a plain dict (schemas/routed.v1.json, absent optionals omitted).
         """
-        req = d["request"]
-        rid, key = req["id"], msg.key()
-        esc = d.get("escalated_from")
-        replay, shadow, degraded = d.get("replay", False), d.get("shadow", False), d["degraded"]
+        rid, key = d["request"]["id"], msg.key()
+        replay, shadow = d["replay"], d["shadow"]
         fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
-                       force=d.get("replay_force", False), degraded=degraded, escalated=esc is not None,
+                       force=d.get("replay_force", False), degraded=d["degraded"],
+                       escalated=d.get("escalated_from") is not None,
                        fresh=None if fresh_replays is None else rid in fresh_replays)
-        escalate, final = fate.escalate, fate.final
+        escalate = fate.escalate
         produced = _now_ms()
-        received, ingested = d["received_ms"], d["ingested_ms"]
-        total_ms = produced - received if produced > received else 0  # clocks of two hosts: never negative
-        queue_ms = dequeued - ingested if dequeued > ingested else 0
-        tier = self._tier_name
-        answer = {
-            "request_id": rid,
-            "user_id": req.get("user_id"),
-            "answer": "" if escalate else pred.answer,
-            "intent": pred.intent,
-            "confidence": min(1.0, max(0.0, float(pred.confidence))),
-            "tier": tier,
-            "model": pred.model,
-            "escalated": esc is not None,
-            "degraded": degraded,
-            "route_reason": d["route_reason"],
-            "timings_ms": {
-                "ingest": ingested - received if ingested > received else 0,
-                "queue": queue_ms,
-                "inference": round(infer_ms + (esc["inference_ms"] if esc else 0.0), 3),
-                "total": total_ms,
-            },
-            "replay": replay,
-            "threshold_version": d["threshold_version"],
-            "lang": d["features"]["lang"],
-            "answered_at": produced,
-        }
-        answer_json = orjson.dumps(answer)
-        # The result is the answer plus the stage's details: extend the serialised answer, don't rebuild it.
-        details = orjson.dumps({
-            "final": final,
-            "stage": tier,
-            "shadow": shadow,
-            "features": d["features"],
-            "timestamps": {"received": received, "ingested": ingested, "dequeued": dequeued,
-                           "inferred": inferred, "produced": produced},
-            "batch_size": batch,
-            "worker_id": self.worker_id,
-            "label": req.get("label"),
-            "light_intent": esc["intent"] if esc else None,
-            "light_confidence": esc["confidence"] if esc else None,
-        })
+        ans = answer(d, self.tier, "" if escalate else pred.answer, pred.intent, pred.confidence, pred.model,
+                     infer_ms, dequeued, produced)
+        answer_json, result_json = dump_answer_and_result(
+            ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id))
         out = self._out
-        produce(out, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
-        answered_ms = float(total_ms) if fate.answered else None
-        self._observed.append((fate.kind, pred.model, infer_ms, queue_ms, answered_ms))
+        produce(out, self.topics.results, result_json, key)
+        timings = ans["timings_ms"]
+        self._observed.append((fate.kind, pred.model, infer_ms, timings["queue"],
+                               float(timings["total"]) if fate.answered else None))
         if escalate:
-            up = {**d, "tier": Tier.HEAVY.value, "route_reason": f"{d['route_reason']}:escalated",
-                  "escalated_from": {"tier": self.tier.value, "intent": pred.intent,
-                                     "confidence": float(pred.confidence), "model": pred.model,
-                                     "inference_ms": round(infer_ms, 3)}}
+            up = escalation(d, self.tier, pred.intent, pred.confidence, pred.model, infer_ms)
             heavy_topic = self.topics.replay_tier(Tier.HEAVY) if replay else self.topics.tier(Tier.HEAVY)
             try:
                 produce(out, heavy_topic, orjson.dumps(up), key)

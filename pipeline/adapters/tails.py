@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-import orjson
-
 from pipeline.adapters.kafka import Tail, topics_of
+from pipeline.contracts.records import Answer, answer_of
 from pipeline.settings import Settings
 
 
@@ -45,17 +44,11 @@ class AnswerReader:
         self.tail = Tail(settings, topics_of(settings).answers, "beginning" if from_beginning else "end")
         self.deduper = Deduper() if dedupe else None
 
-    def poll(self, timeout: float = 0.5, max_records: int = 500) -> list[dict[str, object]]:
+    def poll(self, timeout: float = 0.5, max_records: int = 500) -> list[Answer]:
         out = []
         for msg in self.tail.poll(timeout, max_records):
-            value = msg.value()
-            if value is None:
-                continue
-            try:
-                ans = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(ans, dict):
+            ans = answer_of(msg.value())
+            if ans is None:
                 continue
             if self.deduper is None or self.deduper.first(str(ans.get("request_id"))):
                 out.append(ans)
@@ -66,7 +59,7 @@ class AnswerReader:
         """True once every answer that existed when the reader was made has been read."""
         return self.tail.caught_up
 
-    def __iter__(self) -> Iterator[dict[str, object]]:
+    def __iter__(self) -> Iterator[Answer]:
         while True:
             yield from self.poll()
 

@@ -45,6 +45,7 @@ from pipeline.adapters.kafka import check_reachable
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import Keys
+from pipeline.contracts.records import result_of
 from pipeline.contracts.topics import Topics
 from pipeline.core.controller import (
     KNOBS,
@@ -156,6 +157,13 @@ class Feedback:
         if value is None:
             self.agg.invalid += 1
             return
+        if topic == self.topics.results:
+            res = result_of(value)
+            if res is None:
+                self.agg.invalid += 1
+            else:
+                self.agg.add_result(res, now_ms)
+            return
         try:
             rec = orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -163,8 +171,6 @@ class Feedback:
             return
         if not isinstance(rec, dict):
             self.agg.invalid += 1
-        elif topic == self.topics.results:
-            self.agg.add_result(rec, now_ms)
         else:
             self.agg.add_label(rec, now_ms)
 

@@ -39,7 +39,16 @@ from pipeline.adapters.kafka import (
 from pipeline.adapters.lanes import BackfillLane
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
-from pipeline.contracts.models import MAX_IMAGE_BYTES, decode_request, fast_request
+from pipeline.contracts.models import decode_request
+from pipeline.contracts.records import (
+    MAX_IMAGE_BYTES,
+    RoutedBatch,
+    RoutedFields,
+    dump_routed,
+    fast_request,
+    replayed,
+    routed_fields,
+)
 from pipeline.contracts.topics import Tier
 from pipeline.core import features
 from pipeline.core.health import HealthLimits, HealthState, assess
@@ -246,7 +255,7 @@ class Ingest:
         env = _Envelope(th, now_ms, self._tier_topics)
         vips, length, fast_ok = self.cache.vips, th.length_threshold, th.shadow_rate <= 0
         extract, dumps, dests, produce_ = features.extract_fields, orjson.dumps, env.dests, self.producer.produce
-        head, tail = b'{"request":', env.tail
+        dump = env.batch.dump
         for msg in msgs:
             if msg.error() is not None:
                 errors += 1
@@ -263,9 +272,7 @@ class Ingest:
                 r = route(feats, length, health)
                 topic, route_json = dests.get(r) or env.dest(r)
                 ts_type, ts = msg.timestamp()
-                value = b"".join((head, raw, b',"features":', dumps(feats), b',"received_ms":',
-                                  b"%d," % (ts if ts_type and ts > 0 else (d.get("ts") or now_ms)), route_json,
-                                  tail))
+                value = dump(raw, dumps(feats), ts if ts_type and ts > 0 else (d.get("ts") or now_ms), route_json)
                 key = msg.key() or (user_id or d["id"]).encode()
                 try:
                     produce_(topic, value, key)
@@ -343,48 +350,37 @@ class Ingest:
         if replay_job is not None:
             received = now_ms  # a backfill's latency starts when it is replayed, not when first sent
         key = msg.key() or (req.user_id or req.id).encode()
-        tail = {
-            "features": feats,
-            "tier": r.tier,  # a str enum: orjson writes its value
-            "route_reason": r.reason,
-            "degraded": r.degraded,
-            "threshold_version": th.version,
-            "escalate_below": th.escalate_below,
-            "received_ms": received,
-            "ingested_ms": now_ms,
-            "replay": False,
-            "shadow": False,
-        }
+        fields = routed_fields(feats, r.tier, r.reason, r.degraded, th.version, th.escalate_below, received, now_ms)
+        raw_request = raw or b"{}"
         if replay_job is not None:
-            tail.update(replay=True, replay_job=replay_job, replay_force=force)
             try:
-                self._send_replay(raw, tail, r, key, shadow)
+                self._send_replay(raw_request, replayed(fields, replay_job, force), r, key, shadow)
             except InvalidMessage as e:
                 self.dlq.send(msg, e.kind, e.reason, "ingest:replay")
                 self.stats.dead += 1
                 return
             routed[REPLAY_ROUTES[r.tier]] += 1
             return
-        value = _routed(raw, tail)
+        value = dump_routed(raw_request, fields)
         if not self._produce_slow(msg, self._tier_topics[r.tier], value, key):
             return
         routed[r] += 1
         if r.tier is Tier.LIGHT and not r.degraded and th.shadow_rate > 0 and in_sample(req.id, th.shadow_rate):
-            tail.update(shadow=True, tier=Tier.HEAVY.value, route_reason="shadow")
-            produce(self.producer, self.topics.tier(Tier.HEAVY), _routed(raw, tail), key)
+            fields["shadow"], fields["tier"], fields["route_reason"] = True, Tier.HEAVY, "shadow"
+            produce(self.producer, self.topics.tier(Tier.HEAVY), dump_routed(raw_request, fields), key)
             metrics.SHADOWED.inc()
         self.stats.routed += 1
 
-    def _send_replay(self, raw: bytes | None, tail: dict[str, object], r: Route, key: bytes, shadow: bool) -> None:
+    def _send_replay(self, raw: bytes, fields: RoutedFields, r: Route, key: bytes, shadow: bool) -> None:
         """To the backfill tier topics; `shadow` runs both light and heavy and answers nobody.
 
         A record too big to write raises InvalidMessage (produce() names the part that is too big)."""
         if shadow:
             for tier in (Tier.LIGHT, Tier.HEAVY):
-                tail.update(tier=tier, shadow=True, route_reason=f"replay_shadow:{r.reason}")
-                produce(self.backfill.producer, self._replay_topics[tier], _routed(raw, tail), key)
+                fields["tier"], fields["shadow"], fields["route_reason"] = tier, True, f"replay_shadow:{r.reason}"
+                produce(self.backfill.producer, self._replay_topics[tier], dump_routed(raw, fields), key)
         else:
-            produce(self.backfill.producer, self._replay_topics[r.tier], _routed(raw, tail), key)
+            produce(self.backfill.producer, self._replay_topics[r.tier], dump_routed(raw, fields), key)
         self.stats.routed += 1
 
 
@@ -392,24 +388,17 @@ REPLAY_ROUTES = {t: Route(t, "replay") for t in Tier}
 
 
 class _Envelope:
-    """schemas/routed.v1.json for one batch, pre-serialised: only features and received_ms vary per message."""
+    """One live batch's routed records (records.RoutedBatch) and, per route, its topic and serialised fields."""
 
     def __init__(self, th: Thresholds, now_ms: int, topics: dict[Tier, str]) -> None:
-        self.tail = orjson.dumps({"threshold_version": th.version, "escalate_below": th.escalate_below,
-                                  "ingested_ms": now_ms, "replay": False, "shadow": False})[1:]
+        self.batch = RoutedBatch(th.version, th.escalate_below, now_ms)
         self.topics = topics
         # Per route: its topic and its JSON fields. Keyed by the shared Route instance (identity hash).
         self.dests: dict[Route, tuple[str, bytes]] = {}
 
     def dest(self, r: Route) -> tuple[str, bytes]:
-        fields = orjson.dumps({"tier": r.tier, "route_reason": r.reason, "degraded": r.degraded})[1:-1] + b","
-        self.dests[r] = (self.topics[r.tier], fields)
+        self.dests[r] = (self.topics[r.tier], RoutedBatch.route(r.tier, r.reason, r.degraded))
         return self.dests[r]
-
-
-def _routed(raw: bytes | None, tail: dict[str, object]) -> bytes:
-    """schemas/routed.v1.json bytes: the validated request's own JSON, then the routing fields."""
-    return b'{"request":' + (raw or b"{}") + b"," + orjson.dumps(tail)[1:]
 
 
 def _count_routes(routed: Counter[Route]) -> None:

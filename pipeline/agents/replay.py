@@ -41,6 +41,7 @@ from pipeline.adapters.kafka import (
 from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
 from pipeline.contracts.models import decode_request
+from pipeline.contracts.records import Result, result_of
 from pipeline.errors import ConfigError, InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
 
@@ -634,17 +635,19 @@ class _Progress:
             self.p.stop()
 
 
-def wait_for_results(tail: Tail, ids: set[str], timeout_s: float, shadow: bool) -> list[dict[str, Any]]:
+def wait_for_results(tail: Tail, ids: set[str], timeout_s: float, shadow: bool) -> list[Result]:
     """The results of a replay's requests (final ones, or both shadow stages), read from tierflow.results by a
     Tail taken before the replay sent anything (so none can be missed)."""
     want = len(ids) * (2 if shadow else 1)
-    out: list[dict[str, Any]] = []
+    out: list[Result] = []
     deadline = time.monotonic() + timeout_s
     seen: set[tuple[str, str]] = set()
     try:
         while len(seen) < want and time.monotonic() < deadline:
             for m in tail.poll(0.5):
-                res = orjson.loads(m.value() or b"{}")
+                res = result_of(m.value())
+                if res is None:
+                    continue
                 rid = res.get("request_id")
                 if rid not in ids or not res.get("replay"):
                     continue
@@ -658,15 +661,15 @@ def wait_for_results(tail: Tail, ids: set[str], timeout_s: float, shadow: bool) 
     return out
 
 
-def accuracy_table(results: list[dict[str, Any]]) -> str:
+def accuracy_table(results: list[Result]) -> str:
     """Accuracy per tier (or per stage for shadow results) where a label exists."""
     total: Counter[str] = Counter()
     right: Counter[str] = Counter()
     for res in results:
         if res.get("label"):
-            k = res["stage"]
-            total[k] += 1
-            right[k] += res["intent"] == res["label"]
+            stage = res["stage"]
+            total[stage] += 1
+            right[stage] += res["intent"] == res["label"]
     lines = [f"{'tier':<12}{'labelled':>10}{'accuracy':>10}"]
     for k in sorted(total):
         lines.append(f"{k:<12}{total[k]:>10}{right[k] / total[k]:>10.1%}")

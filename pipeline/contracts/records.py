@@ -1,16 +1,412 @@
-"""Typed records that cross process boundaries without a JSON Schema of their own, with one builder and one reader.
+"""Typed records that cross process boundaries, with one builder and one reader per kind, and the byte-level
+fast paths that decode them.
 
 TypedDicts cost nothing at run time (a record stays a plain dict, as orjson reads and writes it); the type checker
-finds every reader of a field that changes.
+finds every reader of a field that changes. The builders are plain functions returning dict literals: no
+validation and no copies on the hot paths (ingest's ~100k msg/s, the worker's echo pipeline). Validation is the
+slow path's: `pipeline/contracts/models.py` (pydantic models of requests and routed records, and TypeAdapters of
+the Answer and Result below), checked against `schemas/` by tests/unit/contracts/.
+
+The kinds: the routed record (`Routed`, schemas/routed.v1.json, ingest -> workers), the answer (`Answer`,
+answer.v1.json, workers -> customers), the result (`Result`: the answer plus the stage's `ResultDetails`,
+result.v1.json, workers -> feedback, status, report, replay) and the heartbeat (`Heartbeat`, Redis only).
+Adding a field to the answer is three edits: answer.v1.json, `Answer`, `answer()` (the result extends both).
 """
 
-from __future__ import annotations
-
-from typing import Any, TypedDict
+# No `from __future__ import annotations` here: TypedDict reads NotRequired[...] from evaluated annotations only
+# (the fast paths' key sets and pydantic's TypeAdapters depend on which keys are required).
+from typing import Annotated, Any, Literal, NotRequired, get_args
 
 import orjson
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
+
+from pipeline.contracts.topics import Tier
+
+MAX_TEXT_CHARS = 32_768
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+MAX_IMAGE_B64 = (MAX_IMAGE_BYTES + 2) // 3 * 4
+MAX_META_DEPTH = 8
+# Numbers every JSON client round-trips: `ts` within JavaScript's exact integers (epoch ms until the year 287396),
+# meta's numbers within a signed 64-bit integer's range. Beyond, orjson (tierflow's serializer) cannot write
+# them and other parsers silently round them.
+MAX_TS = 2**53 - 1
+MAX_INT64 = 2**63 - 1
+MAX_META_NUMBER = MAX_INT64
+ImageMime = Literal["image/png", "image/jpeg", "image/webp"]
+Script = Literal["zh", "en", "other", "none"]
+
+# What pydantic checks when the slow path validates a record (TypeAdapter in models.py); nothing at run time.
+# NaN and Infinity are not JSON: no record takes them.
+_CLOSED = ConfigDict(extra="forbid", allow_inf_nan=False)
+# Counts, versions and epoch-ms times: what a signed 64-bit integer holds (Kafka's timestamps, orjson's integers).
+Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
+Ms = Annotated[float, Field(ge=0)]
+EpochMs = Annotated[int, Field(ge=0)]
 
 
+# --------------------------------------------------------------------------- the routed record
+class Image(TypedDict):
+    data: str
+    mime: ImageMime
+
+
+class RequestRecord(TypedDict):
+    """A customer message as a dict (schemas/request.v1.json; `models.Request` validates it)."""
+
+    id: str
+    text: NotRequired[str]
+    user_id: NotRequired[str]
+    image: NotRequired[Image]
+    lang: NotRequired[str]
+    ts: NotRequired[int]
+    label: NotRequired[str]
+    meta: NotRequired[dict[str, Any]]
+
+
+@with_config(_CLOSED)
+class Features(TypedDict):
+    """What the router knows of a request (pipeline/core/features.py computes it)."""
+
+    chars: Count
+    tokens: Count
+    script: Script
+    lang: str
+    has_image: bool
+    image_bytes: Count
+    vip: bool
+    question: bool
+    complaint: bool
+    urgent: bool
+
+
+class EscalatedFrom(TypedDict):
+    """The light tier's verdict carried along when it escalates a request."""
+
+    tier: Tier
+    intent: str
+    confidence: float
+    model: str
+    inference_ms: float
+
+
+class RoutedFields(TypedDict):
+    """A routed record but its request (which travels as the producer's own, already validated, JSON bytes)."""
+
+    features: Features
+    tier: Tier
+    route_reason: str
+    degraded: bool
+    threshold_version: int
+    escalate_below: float
+    received_ms: int
+    ingested_ms: int
+    replay: bool
+    shadow: bool
+    escalated_from: NotRequired[EscalatedFrom]
+    replay_job: NotRequired[str]
+    replay_force: NotRequired[bool]
+
+
+class Routed(RoutedFields):
+    """A validated request with its features and route (schemas/routed.v1.json), on a tier topic: what ingest
+    writes and a worker reads (`fast_routed`, or `models.RoutedRequest` dumped without its nulls)."""
+
+    request: RequestRecord
+
+
+def routed_fields(features: Features, tier: Tier, route_reason: str, degraded: bool, threshold_version: int,
+                  escalate_below: float, received_ms: int, ingested_ms: int) -> RoutedFields:
+    """The routed record's fields but the request, of a live record (`replayed` marks a backfill's)."""
+    return {
+        "features": features,
+        "tier": tier,
+        "route_reason": route_reason,
+        "degraded": degraded,
+        "threshold_version": threshold_version,
+        "escalate_below": escalate_below,
+        "received_ms": received_ms,
+        "ingested_ms": ingested_ms,
+        "replay": False,
+        "shadow": False,
+    }
+
+
+def replayed(fields: RoutedFields, job: str, force: bool) -> RoutedFields:
+    """`fields` marked as sent by replay job `job` (`force`: answer again ids a replay already answered)."""
+    fields["replay"], fields["replay_job"], fields["replay_force"] = True, job, force
+    return fields
+
+
+def dump_routed(raw_request: bytes, fields: RoutedFields) -> bytes:
+    """schemas/routed.v1.json bytes: the validated request's own JSON, then the routing fields."""
+    return b'{"request":' + raw_request + b"," + orjson.dumps(fields)[1:]
+
+
+class RoutedBatch:
+    """The routed record's writer on ingest's hot path: `dump_routed` for one batch, pre-serialised, so that per
+    message only the request's bytes, its features and received_ms are joined (tests check both agree)."""
+
+    __slots__ = ("tail",)
+
+    def __init__(self, threshold_version: int, escalate_below: float, ingested_ms: int) -> None:
+        self.tail = orjson.dumps({"threshold_version": threshold_version, "escalate_below": escalate_below,
+                                  "ingested_ms": ingested_ms, "replay": False, "shadow": False})[1:]
+
+    @staticmethod
+    def route(tier: Tier, route_reason: str, degraded: bool) -> bytes:
+        """A route's fields, serialised once per batch and route."""
+        return orjson.dumps({"tier": tier, "route_reason": route_reason, "degraded": degraded})[1:-1] + b","
+
+    def dump(self, raw_request: bytes, features_json: bytes, received_ms: int, route: bytes) -> bytes:
+        return b"".join((b'{"request":', raw_request, b',"features":', features_json, b',"received_ms":',
+                         b"%d," % received_ms, route, self.tail))
+
+
+def escalation(d: Routed, tier: Tier, intent: str, confidence: float, model: str, inference_ms: float) -> Routed:
+    """`d` forwarded to the heavy tier with the verdict of `tier`, which was not confident enough."""
+    return {**d, "tier": Tier.HEAVY, "route_reason": f"{d['route_reason']}:escalated",
+            "escalated_from": {"tier": tier, "intent": intent, "confidence": float(confidence), "model": model,
+                               "inference_ms": round(inference_ms, 3)}}
+
+
+# --------------------------------------------------------------------------- the answer and the result
+@with_config(_CLOSED)
+class Timings(TypedDict):
+    """Where an answer's time went, ms: ingest, the tier topic, inference (light's included when escalated), and
+    from received to produced."""
+
+    ingest: Ms
+    queue: Ms
+    inference: Ms
+    total: Ms
+
+
+@with_config(_CLOSED)
+class Answer(TypedDict):
+    """The final answer for a request (schemas/answer.v1.json), on tierflow.answers."""
+
+    request_id: Annotated[str, Field(min_length=1, max_length=128)]
+    user_id: str | None
+    answer: str
+    intent: str
+    confidence: Annotated[float, Field(ge=0.0, le=1.0)]
+    tier: Tier
+    model: str
+    escalated: bool
+    degraded: bool
+    route_reason: str
+    timings_ms: Timings
+    replay: bool
+    threshold_version: Annotated[int, Field(ge=0)]
+    lang: NotRequired[str]
+    answered_at: NotRequired[EpochMs]
+
+
+@with_config(_CLOSED)
+class Stamps(TypedDict):
+    """Epoch ms at each stage."""
+
+    received: EpochMs
+    ingested: EpochMs
+    dequeued: EpochMs
+    inferred: EpochMs
+    produced: EpochMs
+
+
+@with_config(_CLOSED)
+class ResultDetails(TypedDict):
+    """What a result adds to its answer: the stage's details."""
+
+    final: bool
+    stage: Tier
+    shadow: bool
+    features: Features
+    timestamps: Stamps
+    batch_size: Annotated[int, Field(ge=1)]
+    worker_id: str
+    label: NotRequired[str | None]
+    light_intent: NotRequired[str | None]
+    light_confidence: NotRequired[float | None]
+
+
+@with_config(_CLOSED)
+class Result(Answer, ResultDetails):
+    """One model stage's full record (schemas/result.v1.json) on tierflow.results: its answer (empty text when it
+    escalated) and the stage's details."""
+
+
+def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, model: str, inference_ms: float,
+           dequeued: int, produced: int) -> Answer:
+    """The answer of `tier` to the routed record `d` (times in epoch ms; `inference_ms` of this stage).
+
+    Durations between two hosts' clocks are never negative.
+    """
+    esc = d.get("escalated_from")
+    req = d["request"]
+    received, ingested = d["received_ms"], d["ingested_ms"]
+    return {
+        "request_id": req["id"],
+        "user_id": req.get("user_id"),
+        "answer": text,
+        "intent": intent,
+        "confidence": min(1.0, max(0.0, float(confidence))),
+        "tier": tier,
+        "model": model,
+        "escalated": esc is not None,
+        "degraded": d["degraded"],
+        "route_reason": d["route_reason"],
+        "timings_ms": {
+            "ingest": ingested - received if ingested > received else 0,
+            "queue": dequeued - ingested if dequeued > ingested else 0,
+            "inference": round(inference_ms + (esc["inference_ms"] if esc else 0.0), 3),
+            "total": produced - received if produced > received else 0,
+        },
+        "replay": d["replay"],
+        "threshold_version": d["threshold_version"],
+        "lang": d["features"]["lang"],
+        "answered_at": produced,
+    }
+
+
+def result_details(d: Routed, stage: Tier, final: bool, dequeued: int, inferred: int, produced: int,
+                   batch_size: int, worker_id: str) -> ResultDetails:
+    """The details of stage `stage` on `d` (`final`: its answer is the one sent; times in epoch ms)."""
+    esc = d.get("escalated_from")
+    return {
+        "final": final,
+        "stage": stage,
+        "shadow": d["shadow"],
+        "features": d["features"],
+        "timestamps": {"received": d["received_ms"], "ingested": d["ingested_ms"], "dequeued": dequeued,
+                       "inferred": inferred, "produced": produced},
+        "batch_size": batch_size,
+        "worker_id": worker_id,
+        "label": d["request"].get("label"),
+        "light_intent": esc["intent"] if esc else None,
+        "light_confidence": esc["confidence"] if esc else None,
+    }
+
+
+def dump_answer_and_result(a: Answer, details: ResultDetails) -> tuple[bytes, bytes]:
+    """(answer bytes, result bytes): the result is the serialised answer extended by the details, not rebuilt."""
+    answer_json = orjson.dumps(a)
+    return answer_json, answer_json[:-1] + b"," + orjson.dumps(details)[1:]
+
+
+def answer_of(raw: bytes | None) -> Answer | None:
+    """The one reader of tierflow.answers: the record as a dict; None for bytes that are not a JSON object.
+
+    Fields are not checked (a record no worker wrote may lack any): required ones are read as `a[...]` where a
+    reader refuses what lacks them, optional ones (and, by tolerant readers, any) with `.get`.
+    """
+    d = _object(raw)
+    return d  # type: ignore[return-value]
+
+
+def result_of(raw: bytes | None) -> Result | None:
+    """The one reader of tierflow.results: the record as a dict; None for bytes that are not a JSON object (fields
+    are read as `answer_of` says)."""
+    d = _object(raw)
+    return d  # type: ignore[return-value]
+
+
+def _object(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+# --------------------------------------------------------------------------- fast paths
+_FAST_KEYS = frozenset({"id", "text", "user_id", "lang", "ts", "label"})
+
+
+def fast_request(raw: bytes) -> RequestRecord | None:
+    """The request as a dict when it is plainly valid, else None (then `models.decode_request` decides and explains).
+
+    The ingest hot path: a text-only request that passes these checks is valid under
+    schemas/request.v1.json (tests/unit/contracts/test_records.py checks this against the schema and the model);
+    anything rarer (images, meta, odd numbers) takes the full pydantic path.
+    """
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return d if type(d) is dict and _plain_request(d) else None  # type: ignore[return-value]
+
+
+def _plain_request(d: dict[str, Any]) -> bool:
+    if not _FAST_KEYS.issuperset(d):
+        return False
+    rid, text = d.get("id"), d.get("text")
+    if type(rid) is not str or not 0 < len(rid) <= 128 or type(text) is not str or not 0 < len(text) <= MAX_TEXT_CHARS:
+        return False
+    if len(d) > 2:  # optional fields, unrolled: this runs once per message
+        v = d.get("user_id", "")
+        if type(v) is not str or (not 0 < len(v) <= 128 and "user_id" in d):
+            return False
+        v = d.get("lang", "")
+        if type(v) is not str or (not 0 < len(v) <= 16 and "lang" in d):
+            return False
+        v = d.get("label", "")
+        if type(v) is not str or (not 0 < len(v) <= 128 and "label" in d):
+            return False
+        v = d.get("ts", 0)
+        if type(v) is not int or not 0 <= v <= MAX_TS:
+            return False
+    return True
+
+
+# The schema requires replay and shadow: the fast path too. Escalations take the full model.
+_ROUTED_REQUIRED = Routed.__required_keys__
+_ROUTED_FAST_KEYS = frozenset(Routed.__annotations__) - {"escalated_from"}
+_FEATURE_TYPES = tuple((k, int if k in ("chars", "tokens", "image_bytes") else str if k in ("script", "lang") else bool)
+                       for k in Features.__annotations__)
+_FEATURE_KEYS = frozenset(Features.__annotations__)
+_SCRIPTS = frozenset(get_args(Script))
+_TIERS = frozenset(t.value for t in Tier)
+
+
+def fast_routed(raw: bytes) -> Routed | None:
+    """A routed record (schemas/routed.v1.json) as a dict when it is plainly valid, else None.
+
+    The workers' hot path, as `fast_request` is ingest's: a text-only record as ingest writes it passes
+    (tests/unit/contracts/test_records.py checks that whatever passes, `models.RoutedRequest` accepts with the
+    same values); escalations, images and anything odd take `models.decode_model(RoutedRequest, raw)`.
+    """
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(d) is not dict or not _ROUTED_FAST_KEYS.issuperset(d) or not _ROUTED_REQUIRED.issubset(d):
+        return None
+    req, f = d["request"], d["features"]
+    if type(req) is not dict or not _plain_request(req) or type(f) is not dict or f.keys() != _FEATURE_KEYS:
+        return None
+    for k, t in _FEATURE_TYPES:
+        if type(f[k]) is not t:
+            return None
+    if (f["script"] not in _SCRIPTS or not 0 <= f["chars"] <= MAX_INT64 or not 0 <= f["tokens"] <= MAX_INT64
+            or not 0 <= f["image_bytes"] <= MAX_INT64 or d["tier"] not in _TIERS or type(d["route_reason"]) is not str
+            or type(d["degraded"]) is not bool):
+        return None
+    v, e, r, i = d["threshold_version"], d["escalate_below"], d["received_ms"], d["ingested_ms"]
+    if (type(v) is not int or not 0 <= v <= MAX_INT64 or type(e) is not float or not 0.0 <= e <= 1.0
+            or type(r) is not int or not 0 <= r <= MAX_INT64 or type(i) is not int or not 0 <= i <= MAX_INT64):
+        return None
+    if type(d["replay"]) is not bool or type(d["shadow"]) is not bool:
+        return None
+    if len(d) > len(_ROUTED_REQUIRED) and (type(d.get("replay_force", False)) is not bool
+                                           or type(d.get("replay_job", "")) is not str):
+        return None
+    return d  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- the heartbeat
 class Heartbeat(TypedDict):
     """A worker's (or agent's) health, written every `heartbeat_interval_s` under `Keys.heartbeat(tier, id)`.
 

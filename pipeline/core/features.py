@@ -7,9 +7,9 @@ Lengths are CJK-aware: a Chinese message has no spaces, so "words" are counted p
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pipeline.contracts.models import Request
+from pipeline.contracts.records import Features, Script
 
 _HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _KANA_HANGUL = r"\u3040-\u30ff\uac00-\ud7af"
@@ -69,7 +69,7 @@ def _cues(text: str, words: list[str], ascii_only: bool) -> tuple[bool, bool, bo
     return question, complaint, urgent
 
 
-def script_of(text: str) -> str:
+def script_of(text: str) -> Script:
     """The dominant script: "zh" when Han characters are a fair share of the letters, "en" for Latin."""
     if not text:
         return "none"
@@ -89,7 +89,7 @@ def token_count(text: str) -> int:
     return len(_TOKEN_RE.findall(text))
 
 
-_SCRIPT_LANG = {"zh": "zh", "en": "en", "other": "other", "none": "en"}
+_SCRIPT_LANG: dict[str, str] = {"zh": "zh", "en": "en", "other": "other", "none": "en"}
 
 
 def lang_of(script: str, hint: str | None) -> str:
@@ -99,19 +99,19 @@ def lang_of(script: str, hint: str | None) -> str:
     return _SCRIPT_LANG[script]
 
 
-def extract(req: Request, *, vip: bool, image_bytes: int = 0) -> dict[str, Any]:
+def extract(req: Request, *, vip: bool, image_bytes: int = 0) -> Features:
     """Features of one request (the `features` object of schemas/routed.v1.json)."""
     return extract_fields(req.text or "", req.lang, req.image is not None, image_bytes, vip)
 
 
-def extract_fields(text: str, lang_hint: str | None, has_image: bool, image_bytes: int, vip: bool) -> dict[str, Any]:
+def extract_fields(text: str, lang_hint: str | None, has_image: bool, image_bytes: int, vip: bool) -> Features:
     """`extract` on plain fields (the ingest hot path has a dict, not a Request)."""
     low = text.lower()
     ascii_only = text.isascii()
     if ascii_only:  # the common case, without the Unicode-class regexes
         spaced, punct = _ASCII_PUNCT_RE.subn(" ", low)
         words = spaced.split()
-        script = "en" if low.islower() else "none"  # lowered ASCII with any letter; ASCII letters are Latin
+        script: Script = "en" if low.islower() else "none"  # lowered ASCII with any letter; ASCII letters are Latin
         tokens = len(words) + punct
     else:
         words = _TOKEN_RE.findall(low)  # the tokens double as the cue words: one regex pass, not two

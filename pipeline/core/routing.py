@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
+from pipeline.contracts.records import Features
 from pipeline.contracts.topics import Tier
 
 
@@ -45,7 +45,7 @@ _HEAVY = {"vip": Route(Tier.HEAVY, "vip"), "length": Route(Tier.HEAVY, "length")
 _DEGRADED: dict[tuple[str, str], Route] = {}
 
 
-def route(features: dict[str, Any], length_threshold: int, health: TierHealth = HEALTHY) -> Route:
+def route(features: Features, length_threshold: int, health: TierHealth = HEALTHY) -> Route:
     """Pick the tier for one request. `features` is pipeline.core.features.extract()'s dict."""
     if features["has_image"]:
         return _IMAGE

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.contracts.records import Result
 from pipeline.core.routing import in_sample
 
 SNAPSHOT_VERSION = 1
@@ -455,12 +456,12 @@ class Observed:
     label: str | None
 
     @classmethod
-    def of(cls, rec: Mapping[str, Any]) -> Observed:
-        """From a decoded result record; raises KeyError / TypeError / ValueError when it is not one."""
+    def of(cls, rec: Result) -> Observed:
+        """From a result record (`records.result_of`); raises KeyError / TypeError / ValueError when it is not one."""
         t = rec["timings_ms"]
         feats = rec["features"]
-        stamps = rec.get("timestamps") or {}
-        at = rec.get("answered_at") or stamps.get("produced") or 0
+        stamps = rec.get("timestamps")
+        at = rec.get("answered_at") or (stamps.get("produced") if stamps else None) or 0
         label = rec.get("label")
         return cls(
             request_id=str(rec["request_id"]), tier=str(rec.get("stage") or rec["tier"]), model=str(rec["model"]),
@@ -597,7 +598,7 @@ class Aggregator:
             r = self.recent[key] = Recent.new(self.cfg.last_n)
         return r
 
-    def add_result(self, rec: Mapping[str, Any], now_ms: int) -> bool:
+    def add_result(self, rec: Result, now_ms: int) -> bool:
         """Count one result record; False (and counted as invalid) when it is not a result."""
         try:
             o = Observed.of(rec)

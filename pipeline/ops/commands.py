@@ -21,11 +21,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.adapters.redis_client import make_redis
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable
 from pipeline.settings import Settings, get_settings
+
+if TYPE_CHECKING:  # the commands import what they use: `tierflow --help` stays fast
+    from pipeline.contracts.records import Answer
 
 
 # --------------------------------------------------------------------------- helpers
@@ -252,10 +255,11 @@ def cmd_answers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _answer_line(ans: dict[str, Any]) -> str:
-    timings = ans.get("timings_ms") or {}
+def _answer_line(ans: Answer) -> str:
+    timings = ans.get("timings_ms")
+    total = timings.get("total", "?") if timings else "?"
     return (f"{ans.get('request_id')!s:<20} {ans.get('tier')!s:<10} {ans.get('intent')!s:<28} "
-            f"{timings.get('total', '?')!s:>6}ms  {ans.get('answer')}")
+            f"{total!s:>6}ms  {ans.get('answer')}")
 
 
 def cmd_thresholds(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
 from pipeline.adapters.redis_client import make_redis
+from pipeline.contracts.records import Result, result_of
 from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
@@ -97,7 +98,7 @@ def _loads(msgs: Iterator[Message]) -> Iterator[dict[str, Any]]:
 class RunData:
     """What a report is drawn from: result records, labels by request id, dead letters (ts ms, kind)."""
 
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     dlq: list[tuple[int, str]] = field(default_factory=list)
 
@@ -106,7 +107,7 @@ def read_run(settings: Settings, minutes: float | None = None) -> RunData:
     """Read results, labels and dead letters (the last `minutes` by record timestamp, or all)."""
     t = topics_of(settings)
     since = int((time.time() - minutes * 60) * 1000) if minutes else None
-    data = RunData(results=list(_loads(read_topic(settings, t.results, since))))
+    data = RunData(results=[r for m in read_topic(settings, t.results, since) if (r := result_of(m.value()))])
     # Labels may arrive long after their answers: read them all, whatever the window.
     for lab in _loads(read_topic(settings, t.labels)):
         if lab.get("request_id") and lab.get("intent"):
@@ -208,20 +209,21 @@ def _clock(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def answer_ms(r: Mapping[str, Any]) -> int:
+def answer_ms(r: Result) -> int:
     """When a result was answered (epoch ms): `answered_at`, else its produced timestamp."""
-    ts = r.get("answered_at") or (r.get("timestamps") or {}).get("produced") or 0
-    return int(ts)
+    stamps = r.get("timestamps")
+    return int(r.get("answered_at") or (stamps.get("produced") if stamps else None) or 0)
 
 
-def total_ms(r: Mapping[str, Any]) -> float:
-    return float((r.get("timings_ms") or {}).get("total", 0.0))
+def total_ms(r: Result) -> float:
+    timings = r.get("timings_ms")
+    return float(timings.get("total", 0.0) if timings else 0.0)
 
 
-def final_answers(results: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], int]:
+def final_answers(results: Sequence[Result]) -> tuple[list[Result], int]:
     """The final, non-shadow records, the first per request id, in answer order; and how many repeats."""
     seen: set[str] = set()
-    out: list[Mapping[str, Any]] = []
+    out: list[Result] = []
     repeats = 0
     for r in results:
         if not r.get("final") or r.get("shadow"):
@@ -236,13 +238,13 @@ def final_answers(results: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[st
     return out, repeats
 
 
-def label_of(r: Mapping[str, Any], labels: Mapping[str, str]) -> str | None:
+def label_of(r: Result, labels: Mapping[str, str]) -> str | None:
     """Ground truth for a result: the labels topic first, then the label the request carried."""
     lab = labels.get(str(r.get("request_id")))
     return lab if lab else (r.get("label") or None)
 
 
-def _tier_stats(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) -> TierStats:
+def _tier_stats(rows: Sequence[Result], labels: Mapping[str, str]) -> TierStats:
     lat = np.array([total_ms(r) for r in rows], dtype=float)
     p50, p95, p99 = (float(x) for x in np.percentile(lat, [50, 95, 99])) if len(lat) else (0.0, 0.0, 0.0)
     labelled = correct = 0
@@ -254,12 +256,12 @@ def _tier_stats(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) ->
     return TierStats(len(rows), p50, p95, p99, labelled, correct)
 
 
-def summarize(results: list[dict[str, Any]], labels: dict[str, str], dlq: Sequence[str] = (),
+def summarize(results: list[Result], labels: dict[str, str], dlq: Sequence[str] = (),
               heavy_budget: float | None = None) -> Summary:
     """The run's numbers from result records (schemas/result.v1.json), labels by request id and the
     dead letters' error kinds."""
     finals, repeats = final_answers(results)
-    by_tier: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_tier: dict[str, list[Result]] = defaultdict(list)
     for r in finals:
         by_tier[str(r.get("tier"))].append(r)
     return Summary(
@@ -295,7 +297,7 @@ def _bin_index(ms: int, start_ms: int, width_s: float, n: int) -> int:
     return min(n - 1, max(0, int((ms - start_ms) / 1000.0 / width_s)))
 
 
-def write_figure(summary: Summary, results: list[dict[str, Any]], labels: dict[str, str], path: Path,
+def write_figure(summary: Summary, results: list[Result], labels: dict[str, str], path: Path,
                  dlq_times: Sequence[int] = ()) -> Path:
     """Draw the 2x2 report figure to `path` (PNG): latency per tier, traffic split over time, accuracy
     vs heavy share per window, escalation / degradation over time."""
@@ -330,13 +332,13 @@ def _empty(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
-def _elapsed(finals: Sequence[Mapping[str, Any]]) -> tuple[int, float, str]:
+def _elapsed(finals: Sequence[Result]) -> tuple[int, float, str]:
     """(start ms, divisor, unit) for time axes: seconds for short runs, minutes for long ones."""
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
     return (start, 60.0, "min") if end - start > 20 * 60_000 else (start, 1.0, "s")
 
 
-def _plot_latency(ax: Axes, finals: Sequence[Mapping[str, Any]], summary: Summary) -> None:
+def _plot_latency(ax: Axes, finals: Sequence[Result], summary: Summary) -> None:
     lat = np.array([max(0.1, total_ms(r)) for r in finals])  # 0 ms answers still need a log-x bin
     lo, hi = float(lat.min()), float(lat.max())
     if hi <= lo * 1.5:
@@ -367,7 +369,7 @@ def _plot_latency(ax: Axes, finals: Sequence[Mapping[str, Any]], summary: Summar
     ax.legend(loc="upper right", fontsize=9)
 
 
-def _plot_split(ax: Axes, finals: Sequence[Mapping[str, Any]]) -> None:
+def _plot_split(ax: Axes, finals: Sequence[Result]) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
     width, n = _windows(start, end, target=120)
     counts = {t: np.zeros(n) for t in _TIERS}
@@ -389,7 +391,7 @@ def _plot_split(ax: Axes, finals: Sequence[Mapping[str, Any]]) -> None:
     ax.legend(loc="upper right", fontsize=9)
 
 
-def _plot_accuracy(ax: Axes, finals: Sequence[Mapping[str, Any]], labels: Mapping[str, str],
+def _plot_accuracy(ax: Axes, finals: Sequence[Result], labels: Mapping[str, str],
                    summary: Summary) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
     width, n = _windows(start, end, target=12)
@@ -436,7 +438,7 @@ def _plot_accuracy(ax: Axes, finals: Sequence[Mapping[str, Any]], labels: Mappin
         ax.legend(loc="lower right", fontsize=9)
 
 
-def _plot_escalation(ax: Axes, finals: Sequence[Mapping[str, Any]], dlq_times: Sequence[int]) -> None:
+def _plot_escalation(ax: Axes, finals: Sequence[Result], dlq_times: Sequence[int]) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
     width, n = _windows(start, end, target=40)
     answered, esc, deg = np.zeros(n), np.zeros(n), np.zeros(n)

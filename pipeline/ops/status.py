@@ -23,7 +23,6 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-import orjson
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 from rich import box
@@ -38,6 +37,7 @@ from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
 from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
 from pipeline.contracts.records import Heartbeat as HeartbeatDoc
+from pipeline.contracts.records import result_of
 from pipeline.contracts.topics import Tier
 from pipeline.core.thresholds import Thresholds
 from pipeline.logs import scrub
@@ -231,15 +231,13 @@ class Status:
                 break
 
     def _add_result(self, m: Message) -> None:
-        try:
-            r = orjson.loads(m.value() or b"")
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(r, dict) or not r.get("final") or r.get("shadow"):
+        r = result_of(m.value())
+        if r is None or not r.get("final") or r.get("shadow"):
             return
         at = int(r.get("answered_at") or m.timestamp()[1])
         tier = str(r.get("tier"))
-        total = float((r.get("timings_ms") or {}).get("total", 0.0))
+        timings = r.get("timings_ms")
+        total = float(timings.get("total", 0.0) if timings else 0.0)
         self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")),
                                      bool(r.get("degraded"))))
         self._last_answer[tier] = max(at, self._last_answer.get(tier, 0))

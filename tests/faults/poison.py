@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import schemas
 from pipeline.adapters.kafka import Headers, record_parts
-from pipeline.contracts.models import MAX_IMAGE_BYTES, MAX_META_DEPTH, MAX_META_NUMBER, MAX_TEXT_CHARS, MAX_TS
+from pipeline.contracts.records import MAX_IMAGE_BYTES, MAX_META_DEPTH, MAX_META_NUMBER, MAX_TEXT_CHARS, MAX_TS
 from tests.faults.harness import Envelope
 
 Poison = tuple[str, bytes | None]

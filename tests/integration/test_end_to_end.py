@@ -13,7 +13,7 @@ import pytest
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.kafka import topics_of
 from pipeline.agents.ingest import Ingest
-from pipeline.contracts.models import Answer, Result
+from pipeline.contracts.models import validate_answer, validate_result
 from pipeline.contracts.topics import Tier
 from pipeline.ops.samples import render_png
 from pipeline.settings import Settings
@@ -96,7 +96,7 @@ def test_thousand_requests_one_answer_each_and_malformed_to_dlq(
     assert max(ids.values()) == 1
 
     for a in values(answers):
-        Answer.model_validate(a)
+        validate_answer(a)
         validator("answer").validate(a)
     tiers = Counter(a["tier"] for a in values(answers))
     assert tiers[Tier.MULTIMODAL.value] == 5
@@ -105,7 +105,7 @@ def test_thousand_requests_one_answer_each_and_malformed_to_dlq(
     assert zh and all(any("\u4e00" <= ch <= "\u9fff" for ch in a["answer"]) for a in zh)
 
     for r in values(results):
-        Result.model_validate(r)
+        validate_result(r)
         validator("result").validate(r)
 
     assert len(dead) == 20

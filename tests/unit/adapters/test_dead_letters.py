@@ -11,7 +11,8 @@ from confluent_kafka import KafkaException, Producer
 
 from pipeline.adapters.dlq import ERROR_HEADERS, error_headers, fit
 from pipeline.adapters.kafka import CRASH_MARK, RECORD_OVERHEAD, oversize_reason, produce, producer_limit, record_parts
-from pipeline.contracts.models import MAX_TS, decode_request, fast_request
+from pipeline.contracts.models import decode_request
+from pipeline.contracts.records import MAX_TS, fast_request
 from pipeline.errors import InvalidMessage
 from pipeline.ops.up import crash_at, poison_note
 
