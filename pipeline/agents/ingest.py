@@ -37,6 +37,7 @@ from pipeline.adapters.kafka import (
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
+from pipeline.adapters.periodic import Periodic
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
 from pipeline.contracts.models import MAX_IMAGE_BYTES, decode_request, fast_request
@@ -71,8 +72,7 @@ class HealthMonitor:
     def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, interval_s: float = 0.25) -> None:
         self.r, self.prefix, self.cache, self.interval_s = r, prefix, cache, interval_s
         self.state = HealthState(HEALTHY)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        self._thread = Periodic("health", interval_s, self.check)
 
     @property
     def health(self) -> TierHealth:
@@ -83,7 +83,7 @@ class HealthMonitor:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        self._thread.close()
 
     def check(self) -> None:
         th = self.cache.current
@@ -99,10 +99,6 @@ class HealthMonitor:
                         obs.workers, obs.lag, obs.p95_ms)
         self.state = new
         metrics.HEAVY_HEALTHY.set(1 if new.health.heavy_ok else 0)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.check()
 
 
 @dataclass
