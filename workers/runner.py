@@ -20,19 +20,17 @@ import redis
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from pipeline import metrics
+from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters
 from pipeline.adapters.heartbeats import RECENT_S, Heartbeat, LatencyWindow
 from pipeline.adapters.kafka import (
     CRASH_MARK,
     DeliveryTracker,
-    commit,
     coordinates,
     lag_of,
     make_member,
     make_output_producer,
-    next_offsets,
     produce,
-    rewind,
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
@@ -146,6 +144,8 @@ class Worker:
         # It writes answers and results, which other programs read: the output codec.
         self.producer: Producer = make_output_producer(settings, on_delivery=self.delivery,
                                                 **{"delivery.report.only.error": True}, **extra)
+        self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, self.dlq, self.worker_id,
+                                        settings.flush_timeout_s, transactional=self.transactional)
         # Where the batch in hand goes: the live producer, or the backfill lane's.
         self._out = self.producer
         self.latency = LatencyWindow()
@@ -412,25 +412,8 @@ class Worker:
     def _finish(self, live: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
-        dead_ok = self.dlq.flush(self.s.flush_timeout_s)  # before the commit: a dead letter is never lost
-        if self.transactional:
-            if not dead_ok:
-                self.producer.abort_transaction()
-                rewind(self.consumer, live)
-                return len(live)
-            self.producer.send_offsets_to_transaction(next_offsets(live), self.consumer.consumer_group_metadata())
-            self.producer.commit_transaction()
-        else:
-            self.producer.flush(self.s.flush_timeout_s)
-            if self.delivery.failed or not dead_ok:
-                log.warning("%s: %d records not delivered (%s)%s; re-processing the batch", self.worker_id,
-                            self.delivery.failed, "; ".join(self.delivery.errors),
-                            "" if dead_ok else ", dead letters not delivered")
-                self.delivery.reset()
-                rewind(self.consumer, live)
-                time.sleep(0.5)
-                return len(live)
-            commit(self.consumer, live, self.worker_id)
+        if not self.committer.finish(live):
+            return len(live)
         self._count(len(live))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)

@@ -21,19 +21,18 @@ import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pipeline import metrics
+from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters, headers_dict
 from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
 from pipeline.adapters.kafka import (
     CRASH_MARK,
     DeliveryTracker,
-    commit,
     coordinates,
     lag_of,
     make_member,
     make_producer,
     poll_batch,
     produce,
-    rewind,
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
@@ -127,6 +126,8 @@ class Ingest:
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
         self.producer = make_producer(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True})
+        self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, self.dlq, "ingest",
+                                        settings.flush_timeout_s)
         self.stats = IngestStats()
         self.ready = False  # partitions assigned: a request sent now is routed without waiting for a join
         self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
@@ -216,17 +217,8 @@ class Ingest:
         now_ms = int(time.time() * 1000)
         routed: Counter[Route] = Counter()
         good = self._route_live(msgs, th, health, now_ms, routed)
-        self.producer.flush(self.s.flush_timeout_s)
-        dead_ok = self.dlq.flush(self.s.flush_timeout_s)
-        if self.delivery.failed or not dead_ok:
-            log.warning("ingest: %d records not delivered (%s)%s; re-processing the batch",
-                        self.delivery.failed, "; ".join(self.delivery.errors),
-                        "" if dead_ok else ", dead letters not delivered")
-            self.delivery.reset()
-            rewind(self.consumer, good)
-            time.sleep(0.5)
+        if not self.committer.finish(good):
             return len(msgs)
-        commit(self.consumer, good, "ingest")
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
         _count_routes(routed)
