@@ -146,8 +146,6 @@ class Worker:
                                                 **{"delivery.report.only.error": True}, **extra)
         self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, self.dlq, self.worker_id,
                                         settings.flush_timeout_s, transactional=self.transactional)
-        # Where the batch in hand goes: the live producer, or the backfill lane's.
-        self._out = self.producer
         self.latency = LatencyWindow()
         # live answers only: what a replay must not slow down (2048: the recent p95 at a few thousand msg/s)
         self.live_latency = LatencyWindow(size=2048)
@@ -248,7 +246,6 @@ class Worker:
         """Decode, predict and emit one batch to `producer` (flushing and committing are the caller's)."""
         if self._busy_since is None:
             self._busy_since = time.monotonic()
-        self._out = producer
         dequeued = _now_ms()
         routed: list[tuple[Message, dict[str, Any], Item]] = []
         for msg in msgs:
@@ -280,7 +277,7 @@ class Worker:
             if pred is None:
                 continue
             try:
-                self._emit(msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
+                self._emit(producer, msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
             except InvalidMessage as e:  # its outputs cannot be written (a huge key): the reason names the part
                 self._dead(msg, e.kind, e.reason)
             except Exception as e:  # noqa: BLE001 - the last line of defence for one record
@@ -326,9 +323,10 @@ class Worker:
                 out.append(None)
         return out
 
-    def _emit(self, msg: Message, d: dict[str, Any], pred: Prediction, infer_ms: float, batch: int,
+    def _emit(self, out: Producer, msg: Message, d: dict[str, Any], pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
-        """One record's outputs: its result (always), then its answer or its escalation to heavy.
+        """One record's outputs to `out` (the producer of the batch's lane): its result (always), then its answer
+        or its escalation to heavy.
 
         `d` is a routed record as a plain dict (schemas/routed.v1.json, absent optionals omitted).
         """
@@ -382,7 +380,6 @@ class Worker:
             "light_intent": esc["intent"] if esc else None,
             "light_confidence": esc["confidence"] if esc else None,
         })
-        out = self._out
         produce(out, self.topics.results, answer_json[:-1] + b"," + details[1:], key)
         answered_ms = float(total_ms) if fate.answered else None
         self._observed.append((fate.kind, pred.model, infer_ms, queue_ms, answered_ms))
