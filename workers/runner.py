@@ -20,19 +20,17 @@ import redis
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from pipeline import metrics
+from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters
 from pipeline.adapters.heartbeats import RECENT_S, Heartbeat, LatencyWindow
 from pipeline.adapters.kafka import (
     CRASH_MARK,
     DeliveryTracker,
-    commit,
     coordinates,
     lag_of,
     make_member,
     make_output_producer,
-    next_offsets,
     produce,
-    rewind,
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
@@ -153,8 +151,8 @@ class Worker:
         # It writes answers and results, which other programs read: the output codec.
         self.producer: Producer = make_output_producer(settings, on_delivery=self.delivery,
                                                 **{"delivery.report.only.error": True}, **extra)
-        # Where the batch in hand goes: the live producer, or the backfill lane's.
-        self._out = self.producer
+        self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, self.dlq, self.worker_id,
+                                        settings.flush_timeout_s, transactional=self.transactional)
         self.latency = LatencyWindow()
         # live answers only: what a replay must not slow down (2048: the recent p95 at a few thousand msg/s)
         self.live_latency = LatencyWindow(size=2048)
@@ -255,7 +253,6 @@ class Worker:
         """Decode, predict and emit one batch to `producer` (flushing and committing are the caller's)."""
         if self._busy_since is None:
             self._busy_since = time.monotonic()
-        self._out = producer
         dequeued = _now_ms()
         routed: list[tuple[Message, Routed, Item]] = []
         for msg in msgs:
@@ -287,7 +284,7 @@ class Worker:
             if pred is None:
                 continue
             try:
-                self._emit(msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
+                self._emit(producer, msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
             except InvalidMessage as e:  # its outputs cannot be written (a huge key): the reason names the part
                 self._dead(msg, e.kind, e.reason)
             except Exception as e:  # noqa: BLE001 - the last line of defence for one record
@@ -333,9 +330,10 @@ class Worker:
                 out.append(None)
         return out
 
-    def _emit(self, msg: Message, d: Routed, pred: Prediction, infer_ms: float, batch: int,
+    def _emit(self, out: Producer, msg: Message, d: Routed, pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
-        """One record's outputs: its result (always), then its answer or its escalation to heavy.
+        """One record's outputs to `out` (the producer of the batch's lane): its result (always), then its answer
+        or its escalation to heavy.
 
         `d` is a routed record as a plain dict (schemas/routed.v1.json, absent optionals omitted).
         """
@@ -351,7 +349,6 @@ class Worker:
                      infer_ms, dequeued, produced)
         answer_json, result_json = dump_answer_and_result(
             ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id))
-        out = self._out
         produce(out, self.topics.results, result_json, key)
         timings = ans["timings_ms"]
         self._observed.append((fate.kind, pred.model, infer_ms, timings["queue"],
@@ -379,25 +376,8 @@ class Worker:
     def _finish(self, live: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
-        dead_ok = self.dlq.flush(self.s.flush_timeout_s)  # before the commit: a dead letter is never lost
-        if self.transactional:
-            if not dead_ok:
-                self.producer.abort_transaction()
-                rewind(self.consumer, live)
-                return len(live)
-            self.producer.send_offsets_to_transaction(next_offsets(live), self.consumer.consumer_group_metadata())
-            self.producer.commit_transaction()
-        else:
-            self.producer.flush(self.s.flush_timeout_s)
-            if self.delivery.failed or not dead_ok:
-                log.warning("%s: %d records not delivered (%s)%s; re-processing the batch", self.worker_id,
-                            self.delivery.failed, "; ".join(self.delivery.errors),
-                            "" if dead_ok else ", dead letters not delivered")
-                self.delivery.reset()
-                rewind(self.consumer, live)
-                time.sleep(0.5)
-                return len(live)
-            commit(self.consumer, live, self.worker_id)
+        if not self.committer.finish(live):
+            return len(live)
         self._count(len(live))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)

@@ -10,7 +10,6 @@ batches): a worker slowed down or stuck says so before its first late answer com
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import redis
 
 from pipeline import metrics
+from pipeline.adapters.periodic import Periodic
 from pipeline.contracts.keys import Keys
 from pipeline.contracts.records import Heartbeat as HeartbeatDoc
 from pipeline.contracts.records import dump_heartbeat, heartbeat, heartbeat_of
@@ -109,8 +109,7 @@ class Heartbeat:
         self.fault_key = fault_key(prefix, tier)
         self.interval_s, self.ttl_ms, self.status = interval_s, int(ttl_s * 1000), status
         self.injected_latency_ms = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread = Periodic("heartbeat", interval_s, self.beat)
 
     def start(self) -> Heartbeat:
         self.beat()
@@ -131,10 +130,6 @@ class Heartbeat:
             metrics.REDIS_ERRORS.labels("heartbeat").inc()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._thread.close()  # first: a beat in progress would write the key back after the delete
         with contextlib.suppress(redis.RedisError, OSError):
             self.r.delete(self.key)  # leave at once rather than after the TTL
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.beat()

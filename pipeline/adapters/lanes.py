@@ -1,4 +1,4 @@
-"""The backfill lane of ingest and the workers: its consumer config, its asynchronous commits, the lane itself.
+"""The backfill lane of ingest and the workers: its consumer config and the lane itself (its commits: `batches`).
 
 Records on `tierflow.replay` (and the tier topics' backfill share) are read only with the capacity live
 traffic leaves free; `pipeline.core.backfill.BackfillGate` decides when.
@@ -10,17 +10,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer
+from confluent_kafka import Consumer, Message, Producer
 
+from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters
-from pipeline.adapters.kafka import (
-    DeliveryTracker,
-    make_member,
-    make_output_producer,
-    make_producer,
-    next_offsets,
-    rewind,
-)
+from pipeline.adapters.kafka import DeliveryTracker, make_member, make_output_producer, make_producer
 from pipeline.core.backfill import BackfillGate
 from pipeline.settings import Settings
 
@@ -38,16 +32,6 @@ def backfill_consumer_config(settings: Settings) -> dict[str, Any]:
     """
     wait = settings.replay_fetch_wait_ms
     return {"fetch.wait.max.ms": wait, "queued.min.messages": 1, "fetch.queue.backoff.ms": wait}
-
-
-def commit_async(consumer: Consumer, msgs: list[Message]) -> None:
-    """Commit the offsets after `msgs` without waiting for the broker (backfill batches: see BackfillGate)."""
-    if not msgs:
-        return
-    try:
-        consumer.commit(offsets=next_offsets(msgs), asynchronous=True)
-    except KafkaException as e:  # not committed: the batch is re-read, and answered ids are not answered again
-        log.debug("backfill commit failed: %s", e)
 
 
 class BackfillLane:
@@ -70,6 +54,10 @@ class BackfillLane:
         self.producer: Producer = make(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True},
                                        **extra)
         self.transactional = transactional_id is not None
+        # Each turn commits on its own, asynchronously; with transactions, each turn is one.
+        self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, dlq, who,
+                                        settings.flush_timeout_s, transactional=self.transactional,
+                                        asynchronous=True, what="replayed records", again="re-reading the batch")
         self.gate = BackfillGate(settings.replay_duty, settings.replay_gap_ms / 1000.0)
         self.batch = settings.replay_batch
         self.pending: list[Message] = []
@@ -83,16 +71,8 @@ class BackfillLane:
         """Whether the batch in flight is done with: acknowledged (offsets committed) or failed (to be re-read)."""
         if not self.pending:
             return True
-        self.producer.poll(0)
-        if len(self.producer):
+        if self.committer.settle(self.pending) is None:
             return False
-        if self.delivery.failed:
-            log.warning("%s: %d replayed records not delivered (%s); re-reading the batch", self.who,
-                        self.delivery.failed, "; ".join(self.delivery.errors))
-            self.delivery.reset()
-            rewind(self.consumer, self.pending)
-        else:
-            commit_async(self.consumer, self.pending)
         self.pending = []
         return True
 
@@ -106,13 +86,7 @@ class BackfillLane:
             if self.transactional:
                 self.producer.begin_transaction()
                 process(msgs, self.producer)
-                if not self.dlq.flush(self.s.flush_timeout_s):
-                    self.producer.abort_transaction()
-                    rewind(self.consumer, msgs)
-                else:
-                    self.producer.send_offsets_to_transaction(next_offsets(msgs),
-                                                              self.consumer.consumer_group_metadata())
-                    self.producer.commit_transaction()
+                self.committer.finish(msgs)
             else:
                 process(msgs, self.producer)
                 self.producer.poll(0)
@@ -121,9 +95,7 @@ class BackfillLane:
                     self.pending = msgs
                 else:
                     log.warning("%s: dead letters of a backfill batch not delivered; re-reading it", self.who)
-                    self.producer.flush(self.s.flush_timeout_s)
-                    self.delivery.reset()
-                    rewind(self.consumer, msgs)
+                    self.committer.discard(msgs)
         self.gate.done(started, len(msgs))
         return len(msgs)
 

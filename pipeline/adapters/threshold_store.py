@@ -23,6 +23,7 @@ import redis
 from pydantic import ValidationError
 
 from pipeline import metrics
+from pipeline.adapters.periodic import Periodic
 from pipeline.contracts.keys import Keys
 from pipeline.core.thresholds import TUNABLE, Thresholds, _first_error
 from pipeline.errors import InvalidThresholds
@@ -132,20 +133,22 @@ class ThresholdCache:
         self.current: Thresholds = Thresholds()
         self.vips: frozenset[str] = frozenset()
         self.stale = True
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._refresher: Periodic | None = None
+        self._pubsub: redis.client.PubSub | None = None
+        self._last_poll = 0.0
         self._last_warn = 0.0
         self.loaded = threading.Event()
 
     def start(self) -> ThresholdCache:
         """Load once (best effort) and start the refresher thread."""
         self.refresh()
-        self._thread = threading.Thread(target=self._run, name="threshold-cache", daemon=True)
-        self._thread.start()
+        # interval 0: each turn blocks up to 0.2 s in its pub/sub read, which is what paces the loop
+        self._refresher = Periodic("threshold-cache", 0.0, self._listen, on_exit=self._unsubscribe).start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.close()
 
     def is_vip(self, user_id: str | None) -> bool:
         return user_id is not None and user_id in self.vips
@@ -192,23 +195,27 @@ class ThresholdCache:
             log.warning("%s: Redis unavailable (%s); routing with last-known thresholds v%d",
                         self.component, e.__class__.__name__, self.current.version)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pubsub = None
-            try:
-                pubsub = self.store.r.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.store.channel, self.store.vip_channel)
+    def _listen(self) -> None:
+        """One turn of the refresher: (re)subscribe if needed, then wait up to 0.2 s for a change (pub/sub) and
+        refresh on one, or once `poll_s` has passed without. Redis trouble: stale, resubscribe 0.5 s later."""
+        try:
+            if self._pubsub is None:
+                self._pubsub = self.store.r.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self.store.channel, self.store.vip_channel)
                 self.refresh()  # catch up on anything missed while (re)subscribing
-                last_poll = time.monotonic()
-                while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=0.2)
-                    if msg is not None or time.monotonic() - last_poll > self.poll_s:
-                        self.refresh()
-                        last_poll = time.monotonic()
-            except (redis.RedisError, OSError) as e:
-                self._mark_stale(e)
-                self._stop.wait(0.5)
-            finally:
-                if pubsub is not None:
-                    with contextlib.suppress(redis.RedisError, OSError):
-                        pubsub.close()
+                self._last_poll = time.monotonic()
+            msg = self._pubsub.get_message(timeout=0.2)
+            if msg is not None or time.monotonic() - self._last_poll > self.poll_s:
+                self.refresh()
+                self._last_poll = time.monotonic()
+        except (redis.RedisError, OSError) as e:
+            self._mark_stale(e)
+            self._unsubscribe()
+            if self._refresher is not None:
+                self._refresher.stopping.wait(0.5)
+
+    def _unsubscribe(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                pubsub.close()

@@ -21,22 +21,22 @@ import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pipeline import metrics
+from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters, headers_dict
 from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
 from pipeline.adapters.kafka import (
     CRASH_MARK,
     DeliveryTracker,
-    commit,
     coordinates,
     lag_of,
     make_member,
     make_producer,
     poll_batch,
     produce,
-    rewind,
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
+from pipeline.adapters.periodic import Periodic
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
 from pipeline.contracts.models import decode_request
@@ -80,8 +80,7 @@ class HealthMonitor:
     def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, interval_s: float = 0.25) -> None:
         self.r, self.prefix, self.cache, self.interval_s = r, prefix, cache, interval_s
         self.state = HealthState(HEALTHY)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        self._thread = Periodic("health", interval_s, self.check)
 
     @property
     def health(self) -> TierHealth:
@@ -92,7 +91,7 @@ class HealthMonitor:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        self._thread.close()
 
     def check(self) -> None:
         th = self.cache.current
@@ -108,10 +107,6 @@ class HealthMonitor:
                         obs.workers, obs.lag, obs.p95_ms)
         self.state = new
         metrics.HEAVY_HEALTHY.set(1 if new.health.heavy_ok else 0)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.check()
 
 
 @dataclass
@@ -140,6 +135,8 @@ class Ingest:
         self.delivery = DeliveryTracker()
         # Delivery reports for failures only: a Python callback per acknowledged record costs a microsecond.
         self.producer = make_producer(settings, on_delivery=self.delivery, **{"delivery.report.only.error": True})
+        self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, self.dlq, "ingest",
+                                        settings.flush_timeout_s)
         self.stats = IngestStats()
         self.ready = False  # partitions assigned: a request sent now is routed without waiting for a join
         self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
@@ -229,17 +226,8 @@ class Ingest:
         now_ms = int(time.time() * 1000)
         routed: Counter[Route] = Counter()
         good = self._route_live(msgs, th, health, now_ms, routed)
-        self.producer.flush(self.s.flush_timeout_s)
-        dead_ok = self.dlq.flush(self.s.flush_timeout_s)
-        if self.delivery.failed or not dead_ok:
-            log.warning("ingest: %d records not delivered (%s)%s; re-processing the batch",
-                        self.delivery.failed, "; ".join(self.delivery.errors),
-                        "" if dead_ok else ", dead letters not delivered")
-            self.delivery.reset()
-            rewind(self.consumer, good)
-            time.sleep(0.5)
+        if not self.committer.finish(good):
             return len(msgs)
-        commit(self.consumer, good, "ingest")
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
         _count_routes(routed)
