@@ -66,8 +66,10 @@ class BatchCommitter:
             self.producer.send_offsets_to_transaction(next_offsets(msgs), self.consumer.consumer_group_metadata())
             self.producer.commit_transaction()
             return True
-        self.producer.flush(self.flush_timeout_s)
-        return self._commit_or_rewind(msgs, dead_ok, BACKOFF_S)
+        # Still queued after the timeout (the broker away longer than flush_timeout_s) is not delivered: committing
+        # would lose those records if they fail later. Rewound, they may be written twice; never lost.
+        left = self.producer.flush(self.flush_timeout_s)
+        return self._commit_or_rewind(msgs, dead_ok, BACKOFF_S, left)
 
     def settle(self, msgs: list[Message]) -> bool | None:
         """`finish` without waiting, for a batch whose dead letters were already flushed: None while any of its
@@ -83,11 +85,11 @@ class BatchCommitter:
         self.delivery.reset()
         rewind(self.consumer, msgs)
 
-    def _commit_or_rewind(self, msgs: list[Message], dead_ok: bool, backoff_s: float) -> bool:
-        if self.delivery.failed or not dead_ok:
-            log.warning("%s: %d %s not delivered (%s)%s; %s", self.who, self.delivery.failed, self.what,
+    def _commit_or_rewind(self, msgs: list[Message], dead_ok: bool, backoff_s: float, left: int = 0) -> bool:
+        if self.delivery.failed or not dead_ok or left:
+            log.warning("%s: %d %s not delivered (%s)%s%s; %s", self.who, self.delivery.failed, self.what,
                         "; ".join(self.delivery.errors), "" if dead_ok else ", dead letters not delivered",
-                        self.again)
+                        f", {left} still queued after {self.flush_timeout_s:g} s" if left else "", self.again)
             self.delivery.reset()
             rewind(self.consumer, msgs)
             if backoff_s:

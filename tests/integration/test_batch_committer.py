@@ -116,6 +116,24 @@ def test_a_failed_delivery_rewinds_and_the_batch_is_read_again(rig: Rig, caplog:
     assert rig.committed() == {0: 3}
 
 
+def test_outputs_still_queued_when_the_flush_times_out_mean_not_committed(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """The broker away longer than the flush timeout: nothing has failed yet, but nothing was acknowledged either.
+    Committing then would lose the outputs if they fail later (librdkafka retries them for minutes)."""
+    delivery = DeliveryTracker()
+    stuck = make_producer(nowhere(rig.s), on_delivery=delivery,
+                          **{**LOSES, "message.timeout.ms": 60_000})  # fails long after the flush gave up
+    committer = BatchCommitter(rig.consumer, stuck, delivery, rig.dlq, "test", 1.0)
+    batch = rig.batch(3)
+    stuck.produce(rig.out, b"queued")
+    with caplog.at_level(logging.WARNING, logger="pipeline.adapters.batches"):
+        assert not committer.finish(batch)
+    assert "1 still queued after 1 s" in caplog.text
+    assert rig.committed()[0] < 0, "a batch whose output was still queued was committed"
+    assert offsets(rig.batch(3)) == [0, 1, 2], "the batch is read again"
+    stuck.purge()
+
+
 def test_dead_letters_not_delivered_mean_not_committed(rig: Rig) -> None:
     lose_dead_letters(rig.dlq, rig.s)
     batch = rig.batch(2)
