@@ -100,7 +100,7 @@ def embedded_services() -> Iterator[Settings]:
     stack = Stack(base)
     stack.start_services()
     try:
-        yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+        yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis.address})
     finally:
         stack.stop()
 

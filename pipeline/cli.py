@@ -58,7 +58,7 @@ def _redis(settings: Settings) -> Any:
 
     from pipeline.adapters.kafka import check_reachable
 
-    check_reachable(settings.redis, "Redis")
+    check_reachable(settings.redis.address, "Redis")
     return make_redis(settings, command=True)
 
 
@@ -273,7 +273,7 @@ def _stack_line(s: Settings) -> str:
 
     kafka = f"kafka {s.bootstrap}" + (f" (embedded {embedded_broker(s.embedded_broker).label})"
                                       if s.embedded_kafka else "")
-    return f"{kafka}, redis {scrub(s.redis)}" + (" (embedded valkey)" if s.embedded_redis else "")
+    return f"{kafka}, redis {scrub(s.redis.address)}" + (" (embedded valkey)" if s.embedded_redis else "")
 
 
 def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
@@ -293,13 +293,13 @@ def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: di
             lines.append(f"          topics keep at most {' or '.join(bounds)}")
     else:
         lines.append(f"  kafka   {s.bootstrap}")
-    lines.append(f"  redis   {scrub(s.redis)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
+    lines.append(f"  redis   {scrub(s.redis.address)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
     lines.append("  agents  " + ", ".join(f"{n} {t:.1f}s" for n, t in took.items()) + " to ready")
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
     lines += [f"  logs    {log_dir}/", f"  topics  {s.topic_prefix}*"]
     env = "" if (s.kafka_port, s.redis_port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.embedded_kafka \
-        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis)} "
+        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis.address)} "
     lines.append(f"  try:    {env}tierflow send 'where is my order?' --wait")
     lines.append("  Ctrl-C stops everything.")
     print("\n".join(lines), flush=True)
@@ -461,7 +461,7 @@ def cmd_route(args: argparse.Namespace) -> int:
     th, vip, source = Thresholds(), False, "defaults (Redis not reachable)"
     try:
         store = ThresholdStore(_redis(s), s.redis_prefix)
-        th, source = store.get(), f"Redis {s.redis}"
+        th, source = store.get(), f"Redis {s.redis.address}"
         vip = args.user in store.vips() if args.user else False
     except (ServiceUnavailable, OSError, InvalidThresholds):
         pass
@@ -519,7 +519,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     s = _settings(args)
     check_reachable(s.bootstrap, "Kafka")
-    check_reachable(s.redis, "Redis")
+    check_reachable(s.redis.address, "Redis")
     source: Source
     if args.file:
         source = FileSource(name=f"file:{Path(args.file).resolve()}", path=Path(args.file))

@@ -39,7 +39,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         stack.stop()  # a broken embedded stack fails the run loudly: these tests must not be skipped
         raise
     # Children spawned by tests dial these explicitly (with the embedded broker's topic bounds).
-    yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+    yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis.address})
     stack.stop()
 
 

@@ -49,7 +49,8 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
     s = settings.model_copy(update=updates)
     started = time.monotonic()
     with running_stack(s) as stack:
-        console.print(f"[bold]tierflow demo[/bold]: broker {s.bootstrap}, Redis {s.redis}, logs {stack.log_dir}/")
+        console.print(f"[bold]tierflow demo[/bold]: broker {s.bootstrap}, Redis {s.redis.address}, "
+                      f"logs {stack.log_dir}/")
         r = make_redis(s, command=True)
         ThresholdStore(r, s.redis_prefix).vip_add(VIP_USER)
         reader = AnswerReader(s)

@@ -339,7 +339,7 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
         stack.start_services()
         settings = stack.settings  # with the embedded broker's topic bounds
         check_reachable(settings.bootstrap, "Kafka")
-        check_reachable(settings.redis, "Redis")
+        check_reachable(settings.redis.address, "Redis")
         create_topics(settings)
 
         ThresholdStore(make_redis(settings, command=True), settings.redis_prefix).init()

@@ -486,7 +486,7 @@ def _heavy_budget(settings: Settings) -> float | None:
     from pipeline.errors import ServiceUnavailable
 
     try:
-        check_reachable(settings.redis, "Redis", timeout=1.0)
+        check_reachable(settings.redis.address, "Redis", timeout=1.0)
         r = make_redis(settings)
         raw = r.get(ThresholdStore(r, settings.redis_prefix).key)
         return Thresholds.model_validate_json(raw).heavy_budget if raw else None

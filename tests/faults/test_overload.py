@@ -31,7 +31,7 @@ class LagProbe:
     """Heavy lag as ingest sees it (the heavy workers' heartbeats), every 0.25 s: (monotonic, epoch ms, lag)."""
 
     def __init__(self, s: Settings) -> None:
-        self.r = redis.Redis.from_url(s.redis)
+        self.r = redis.Redis.from_url(s.redis.address)
         self.prefix = s.redis_prefix
         self.points: list[tuple[float, int, int]] = []
         self._stop = threading.Event()

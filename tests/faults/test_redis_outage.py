@@ -31,7 +31,7 @@ def own_redis(services: Settings, tmp_path: Path) -> Iterator[tuple[Stack, str]]
     s = services.model_copy(update={"redis_url": None, "redis_port": free_port(), "data_dir": tmp_path})
     stack = Stack(s)
     stack.start_redis()
-    yield stack, s.redis
+    yield stack, s.redis.address
     stack.stop()
 
 

@@ -61,7 +61,7 @@ def wait_ready(settings: Settings, tiers: list[str], timeout: float = 120.0) -> 
 
     from pipeline.adapters.heartbeats import ready_tiers
 
-    r = redis.Redis.from_url(settings.redis)
+    r = redis.Redis.from_url(settings.redis.address)
     deadline = time.monotonic() + timeout
     while set(ready_tiers(r, settings.redis_prefix, tiers)) != set(tiers):
         if time.monotonic() > deadline:

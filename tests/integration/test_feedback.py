@@ -66,7 +66,7 @@ class Traffic:
         self.s = s
         self.topics = topics_of(s)
         self.p = make_producer(s)
-        self.store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+        self.store = ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis_prefix)
         self.rnd = random.Random(seed)
         self.n = 0
         self.records = 0
@@ -184,7 +184,7 @@ def test_agent_moves_thresholds_and_survives_restart(settings_factory: Callable[
                                                       agent_factory: Callable[..., subprocess.Popen[bytes]],
                                                       tmp_path: Path) -> None:
     s = settings_factory()
-    r = redis.Redis.from_url(s.redis)
+    r = redis.Redis.from_url(s.redis.address)
     store = ThresholdStore(r, s.redis_prefix)
     store.init()
     agent = agent_factory(s, **KNOBS)
@@ -243,7 +243,7 @@ def test_redis_outage_is_survived(settings_factory: Callable[..., Settings],
     own = Stack(s)
     own.start_redis()
     try:
-        r = redis.Redis.from_url(s.redis, socket_timeout=2)
+        r = redis.Redis.from_url(s.redis.address, socket_timeout=2)
         ThresholdStore(r, s.redis_prefix).init()
         agent = agent_factory(s, **KNOBS)
         traffic = Traffic(s)
@@ -260,7 +260,7 @@ def test_redis_outage_is_survived(settings_factory: Callable[..., Settings],
         assert agent.poll() is None, "the agent died with Redis"
 
         own.start_redis()
-        r = redis.Redis.from_url(s.redis, socket_timeout=2)
+        r = redis.Redis.from_url(s.redis.address, socket_timeout=2)
         back = wait_for(lambda: (x := snapshot(r, s)) and x, 30, "a snapshot after Redis came back")
         wait_for(lambda: snapshot(r, s)["agg"]["counters"]["observed"] == traffic.records, 10,  # type: ignore[index]
                  "every record, also those of the outage, counted once")
@@ -287,7 +287,7 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
     """A 10x slowdown of the heavy tier: heavy-bound traffic moves off heavy within 5 s and comes back within
     30 s of the slowdown ending; the threshold history shows the shed and the restore with their reasons."""
     s = settings_factory()
-    r = redis.Redis.from_url(s.redis)
+    r = redis.Redis.from_url(s.redis.address)
     store = ThresholdStore(r, s.redis_prefix)
     # the budget is what the length rule routes heavy at 50 characters: the controller holds still until the slowdown
     # The SLO sits well above the echo pipeline's noise on a loaded 2-core box (a heavy p95 of 287 ms once, with no

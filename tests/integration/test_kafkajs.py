@@ -170,7 +170,7 @@ def agents(settings_factory: Callable[..., Settings], tmp_path: Path) -> Iterato
         wait_ready(s, ["light", "heavy"], timeout=120)
         stack.start_agent("ingest", *AGENT_ARGS["ingest"], env=AGENT_ENV)
         # Ingest joined too: requests waiting through its start would look like a slow heavy tier to it.
-        r = redis.Redis.from_url(s.redis)
+        r = redis.Redis.from_url(s.redis.address)
         deadline = time.monotonic() + 60
         while "ingest" not in ready_agents(r, s.redis_prefix):
             if stack.dead() or time.monotonic() > deadline:
@@ -189,7 +189,7 @@ def test_kafkajs_reads_every_answer_and_dead_letter(kafkajs: Client, agents: tup
     """50 requests through the real pipeline; kafkajs (no codecs) reads every answer, dead letter and result."""
     s, stack = agents
     t = topics_of(s)
-    defaults = Settings.model_fields
+    defaults = Settings.flat_fields()
     assert defaults["kafka_output_compression"].default == "none" and defaults["kafka_compression"].default == "lz4"
 
     valid = {f"kjs-{i}": ("heavy" if i % 9 == 4 else "light") for i in range(N_LIGHT + N_HEAVY)}

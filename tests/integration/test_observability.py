@@ -144,7 +144,7 @@ def child_env(settings: Settings, metrics_port: int | None = None) -> dict[str, 
 
 def wait_ready(p: Pipeline, timeout: float = 60.0) -> None:
     """Every agent serves /metrics, every tier has a live worker heartbeat, ingest deems heavy healthy."""
-    r = redis.Redis.from_url(p.settings.redis)
+    r = redis.Redis.from_url(p.settings.redis.address)
     deadline = time.monotonic() + timeout
     missing: list[str] = list(AGENTS)
     while missing and time.monotonic() < deadline:

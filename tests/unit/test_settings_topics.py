@@ -32,7 +32,7 @@ def test_env_prefix_and_security_pass_through(monkeypatch: pytest.MonkeyPatch) -
 def test_embedded_defaults() -> None:
     s = Settings(_env_file=None)
     assert s.bootstrap == "127.0.0.1:19092"
-    assert s.redis == "redis://127.0.0.1:16379/0"
+    assert s.redis.address == "redis://127.0.0.1:16379/0"
     assert s.embedded_kafka and s.embedded_redis
     assert s.group("ingest") == "tierflow-ingest"
     assert s.group("workers-heavy") == "tierflow-workers-heavy"
