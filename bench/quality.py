@@ -233,14 +233,14 @@ def score_models(texts: Sequence[str], heavy_passes: int = 1) -> Scored:
     heavy.setup("cpu")
     if light.labels != heavy.labels:
         raise RuntimeError("the light and heavy artefacts disagree on the label set")
-    runs = [_batched(light.probabilities, texts, s.light_max_batch) for _ in range(3)]
+    runs = [_batched(light.probabilities, texts, s.light.max_batch) for _ in range(3)]
     light_probs = runs[0][0]
     light_ms = statistics.median(ms for _, ms in runs)
-    heavy_probs, heavy_ms = _batched(heavy.probabilities, texts, s.heavy_max_batch)
+    heavy_probs, heavy_ms = _batched(heavy.probabilities, texts, s.heavy.max_batch)
     for _ in range(heavy_passes - 1):
-        heavy_ms = min(heavy_ms, _batched(heavy.probabilities, texts, s.heavy_max_batch)[1])
-    return Scored(light.labels, light_probs, heavy_probs, light_ms, heavy_ms, s.light_max_batch,
-                  s.heavy_max_batch, torch.get_num_threads())
+        heavy_ms = min(heavy_ms, _batched(heavy.probabilities, texts, s.heavy.max_batch)[1])
+    return Scored(light.labels, light_probs, heavy_probs, light_ms, heavy_ms, s.light.max_batch,
+                  s.heavy.max_batch, torch.get_num_threads())
 
 
 # --------------------------------------------------------------------------- the controller replay

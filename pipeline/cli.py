@@ -96,7 +96,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from pipeline.agents.ingest import Ingest
 
     s = _settings(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     metrics.serve(s.metrics_port)
     agent = Ingest(s)
     _stop_on_signals(agent.stop)
@@ -121,7 +121,7 @@ def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     from workers.runner import Worker, resolve_device
 
     model = tier_model(s, tier)  # a wrong model name is said before the broker is dialled
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     metrics.serve(s.metrics_port)
     requested = device or getattr(s, f"{tier.value}_device")
     worker = Worker(s, tier, model, resolve_device(requested, tier))
@@ -168,7 +168,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     s = _settings(args)
     if args.data is not None:
-        s = s.model_copy(update={"data_dir": args.data, "embedded_durable": True})
+        s = s.updated(data_dir=args.data, embedded_durable=True)
     _setup_logging(s)
     stopping = threading.Event()
     _stop_on_signals(stopping.set)
@@ -271,9 +271,9 @@ def _stack_line(s: Settings) -> str:
     from pipeline.adapters.brokers import embedded_broker
     from pipeline.logs import scrub
 
-    kafka = f"kafka {s.bootstrap}" + (f" (embedded {embedded_broker(s.embedded_broker).label})"
-                                      if s.embedded_kafka else "")
-    return f"{kafka}, redis {scrub(s.redis.address)}" + (" (embedded valkey)" if s.embedded_redis else "")
+    kafka = f"kafka {s.kafka.servers}" + (f" (embedded {embedded_broker(s.embedded.broker).label})"
+                                      if s.kafka.embedded else "")
+    return f"{kafka}, redis {scrub(s.redis.address)}" + (" (embedded valkey)" if s.redis.embedded else "")
 
 
 def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
@@ -281,25 +281,25 @@ def _print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: di
     from pipeline.logs import scrub
 
     lines = ["tierflow is up"]
-    if s.embedded_kafka:
-        b = embedded_broker(s.embedded_broker)
-        keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded_durable else \
+    if s.kafka.embedded:
+        b = embedded_broker(s.embedded.broker)
+        keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded.durable else \
             "log starts empty each time (--data DIR keeps it)"
-        lines.append(f"  kafka   {s.bootstrap}  (embedded {b.label}; {keep})")
-        bounds = [f"{s.topic_retention_ms / 1000:.0f} s"] if s.topic_retention_ms is not None else []
-        if s.topic_retention_bytes is not None:
-            bounds.append(f"{s.topic_retention_bytes / (1024 * 1024):g} MiB per partition")
+        lines.append(f"  kafka   {s.kafka.servers}  (embedded {b.label}; {keep})")
+        bounds = [f"{s.topic.retention_ms / 1000:.0f} s"] if s.topic.retention_ms is not None else []
+        if s.topic.retention_bytes is not None:
+            bounds.append(f"{s.topic.retention_bytes / (1024 * 1024):g} MiB per partition")
         if bounds:
             lines.append(f"          topics keep at most {' or '.join(bounds)}")
     else:
-        lines.append(f"  kafka   {s.bootstrap}")
-    lines.append(f"  redis   {scrub(s.redis.address)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
+        lines.append(f"  kafka   {s.kafka.servers}")
+    lines.append(f"  redis   {scrub(s.redis.address)}" + ("  (embedded valkey)" if s.redis.embedded else ""))
     lines.append("  agents  " + ", ".join(f"{n} {t:.1f}s" for n, t in took.items()) + " to ready")
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
-    lines += [f"  logs    {log_dir}/", f"  topics  {s.topic_prefix}*"]
-    env = "" if (s.kafka_port, s.redis_port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.embedded_kafka \
-        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis.address)} "
+    lines += [f"  logs    {log_dir}/", f"  topics  {s.topic.prefix}*"]
+    env = "" if (s.kafka.port, s.redis.port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.kafka.embedded \
+        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.kafka.servers} TIERFLOW_REDIS_URL={scrub(s.redis.address)} "
     lines.append(f"  try:    {env}tierflow send 'where is my order?' --wait")
     lines.append("  Ctrl-C stops everything.")
     print("\n".join(lines), flush=True)
@@ -316,7 +316,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     from pipeline.contracts.models import dumps
 
     s = _settings(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     req: dict[str, Any] = {"id": args.id or uuid.uuid4().hex, "ts": int(time.time() * 1000)}
     if args.text:
         req["text"] = args.text
@@ -348,7 +348,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         left = producer.flush(args.ack_timeout + 1)
         if left or delivery.failed:
             why = "; ".join(delivery.errors) or f"no acknowledgement within {args.ack_timeout:.0f}s"
-            raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.bootstrap}: {why}")
+            raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.kafka.servers}: {why}")
         print(f"sent {req['id']}", flush=True)
         if reader is None:
             return 0
@@ -371,7 +371,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
     from pipeline.adapters.tails import AnswerReader
 
     s = _settings(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     reader = AnswerReader(s, from_beginning=not args.new)
     stopping = threading.Event()
     _stop_on_signals(stopping.set)
@@ -405,7 +405,7 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
     from pipeline.core.thresholds import parse_value
 
     s = _settings(args)
-    store = ThresholdStore(_redis(s), s.redis_prefix)
+    store = ThresholdStore(_redis(s), s.redis.prefix)
     who = f"cli:{os.environ.get('USER', 'operator')}"
     if args.action == "show":
         doc = store.get()
@@ -439,7 +439,7 @@ def cmd_vip(args: argparse.Namespace) -> int:
     from pipeline.adapters.threshold_store import ThresholdStore
 
     s = _settings(args)
-    store = ThresholdStore(_redis(s), s.redis_prefix)
+    store = ThresholdStore(_redis(s), s.redis.prefix)
     if args.action == "add":
         store.vip_add(*args.users)
     elif args.action == "remove":
@@ -460,7 +460,7 @@ def cmd_route(args: argparse.Namespace) -> int:
     s = _settings(args)
     th, vip, source = Thresholds(), False, "defaults (Redis not reachable)"
     try:
-        store = ThresholdStore(_redis(s), s.redis_prefix)
+        store = ThresholdStore(_redis(s), s.redis.prefix)
         th, source = store.get(), f"Redis {s.redis.address}"
         vip = args.user in store.vips() if args.user else False
     except (ServiceUnavailable, OSError, InvalidThresholds):
@@ -484,7 +484,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
     s = _settings(args)
     r = _redis(s)
-    key = fault_key(s.redis_prefix, args.tier)
+    key = fault_key(s.redis.prefix, args.tier)
     if args.ms <= 0:
         r.delete(key)
         print(f"{args.tier}: injected latency cleared")
@@ -518,7 +518,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
 
     s = _settings(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     check_reachable(s.redis.address, "Redis")
     source: Source
     if args.file:

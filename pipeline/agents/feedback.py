@@ -99,10 +99,10 @@ class Feedback:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.s = settings
         self.cfg = settings.feedback
-        self.topics = Topics(settings.topic_prefix)
+        self.topics = Topics(settings.topic.prefix)
         self.r = client or make_redis(settings)
-        self.store = ThresholdStore(self.r, settings.redis_prefix)
-        self.state_key = Keys(settings.redis_prefix).feedback_state
+        self.store = ThresholdStore(self.r, settings.redis.prefix)
+        self.state_key = Keys(settings.redis.prefix).feedback_state
         self.agg = Aggregator(agg_config(self.cfg))
         self.ctl_cfg = controller_config(self.cfg)
         self.state = ControllerState()
@@ -207,7 +207,7 @@ class Feedback:
         self._redis_up()
         self.thresholds = th
         try:
-            heavy_now: Observation | None = observe(self.r, self.s.redis_prefix, "heavy")
+            heavy_now: Observation | None = observe(self.r, self.s.redis.prefix, "heavy")
         except (redis.RedisError, OSError, ValueError) as e:
             log.warning("feedback: heavy heartbeats unreadable (%s); recovery judged on the window", e)
             heavy_now = None
@@ -367,32 +367,32 @@ class _App(faust.App):
 
 def _credentials(s: Settings) -> Any:
     """faust credentials from the Kafka security settings (None: plaintext)."""
-    proto = s.kafka_security_protocol
+    proto = s.kafka.security_protocol
     if proto == "PLAINTEXT":
         return None
     ctx = None
     if proto in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=s.kafka_ssl_ca_location)
-        if s.kafka_ssl_certificate_location:
-            ctx.load_cert_chain(s.kafka_ssl_certificate_location, s.kafka_ssl_key_location,
-                                s.kafka_ssl_key_password.get_secret_value() if s.kafka_ssl_key_password else None)
+        ctx = ssl.create_default_context(cafile=s.kafka.ssl_ca_location)
+        if s.kafka.ssl_certificate_location:
+            ctx.load_cert_chain(s.kafka.ssl_certificate_location, s.kafka.ssl_key_location,
+                                s.kafka.ssl_key_password.get_secret_value() if s.kafka.ssl_key_password else None)
     if proto == "SSL":
         return faust.SSLCredentials(ctx)
     return faust.SASLCredentials(
-        username=s.kafka_sasl_username, password=s.kafka_sasl_password.get_secret_value()
-        if s.kafka_sasl_password else None, mechanism=s.kafka_sasl_mechanism or "PLAIN", ssl_context=ctx)
+        username=s.kafka.sasl_username, password=s.kafka.sasl_password.get_secret_value()
+        if s.kafka.sasl_password else None, mechanism=s.kafka.sasl_mechanism or "PLAIN", ssl_context=ctx)
 
 
 def build_app(fb: Feedback) -> faust.App:
     """The faust app: one agent over results + labels, one timer for the control loop."""
     s, cfg = fb.s, fb.cfg
     _ConsumerThread.fetch_wait_ms = cfg.fetch_wait_ms
-    _ConsumerThread.idle_pause_s = s.feedback_fetch_pause_ms / 1000 if s.feedback_fetch_pause_ms else None
+    _ConsumerThread.idle_pause_s = s.feedback.fetch_pause_ms / 1000 if s.feedback.fetch_pause_ms else None
     datadir = s.data_dir / "feedback"  # faust wants one even without tables
     datadir.mkdir(parents=True, exist_ok=True)
     app = _App(
         group_of(s),
-        broker=",".join(f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")),
+        broker=",".join(f"kafka://{hp.strip()}" for hp in s.kafka.servers.split(",")),
         broker_credentials=_credentials(s),
         web_enabled=False,
         broker_session_timeout=6.0,
@@ -468,14 +468,14 @@ def main(settings: Settings) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("faust", "mode", "aiokafka"):  # their INFO is a page per rebalance
         logging.getLogger(noisy).setLevel(max(logging.getLogger().level, logging.WARNING))
-    check_reachable(settings.bootstrap, "Kafka")
+    check_reachable(settings.kafka.servers, "Kafka")
     metrics.serve(settings.metrics_port)
     fb = Feedback(settings)
     if not fb.restore_io():
         log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
     app = build_app(fb)
-    beat = Heartbeat(fb.r, settings.redis_prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
-                     settings.heartbeat_interval_s, settings.heartbeat_ttl_s,
+    beat = Heartbeat(fb.r, settings.redis.prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
+                     settings.heartbeat.interval_s, settings.heartbeat.ttl_s,
                      lambda: {"agent": "feedback", "ready": fb.ticks > 0}).start()
     worker = _Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
                      redirect_stdouts=False, override_logging=False)

@@ -129,7 +129,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
             out = cli(s2, *replay, "--rate", "2500", *([] if guarded else ["--max-live-slowdown", "0"]))
             # The replay lasts until its last request is answered (workers note each in Redis first).
             deadline = time.monotonic() + 120
-            while r.scard(Keys(s2.redis_prefix).replay_answered) < 10_000 and time.monotonic() < deadline:
+            while r.scard(Keys(s2.redis.prefix).replay_answered) < 10_000 and time.monotonic() < deadline:
                 time.sleep(0.1)
             took = time.monotonic() - t0
             time.sleep(1)
