@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import torch
 
-    from workers.models.encoder import EncoderClassifier, resolve_device
+    from workers.devices import resolve_device
+    from workers.models.encoder import EncoderClassifier
 
     s = Settings()
     load_before = os.getloadavg()[0]
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(rows[-1:]), flush=True)
     heavy = EncoderClassifier.from_settings(s, Tier.HEAVY)
     heavy.setup(args.device)
-    device = str(resolve_device(args.device))
+    device = resolve_device(args.device)
     rows.append(measure(heavy, device, items, s.heavy.max_batch, rounds))
     print(table(rows[-1:]), flush=True)
     if args.zh:

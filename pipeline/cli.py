@@ -34,7 +34,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         value = getattr(args, field, None)
         if value is not None:
             updates[field] = value
-    return s.model_copy(update=updates) if updates else s
+    return s.updated(**updates) if updates else s
 
 
 def _setup_logging(settings: Settings) -> None:
@@ -117,14 +117,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     from pipeline import metrics
     from pipeline.adapters.kafka import check_reachable
+    from workers.devices import tier_device
     from workers.models.registry import tier_model
-    from workers.runner import Worker, resolve_device
+    from workers.runner import Worker
 
     model = tier_model(s, tier)  # a wrong model name is said before the broker is dialled
     check_reachable(s.kafka.servers, "Kafka")
     metrics.serve(s.metrics_port)
-    requested = device or getattr(s, f"{tier.value}_device")
-    worker = Worker(s, tier, model, resolve_device(requested, tier))
+    worker = Worker(s, tier, model, tier_device(s, tier, device))
     _stop_on_signals(worker.stop)
     worker.run()
     return 0

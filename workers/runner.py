@@ -49,21 +49,6 @@ from workers.model import InferenceModel, Item, Prediction, checked_predict
 log = logging.getLogger(__name__)
 
 
-def resolve_device(requested: str, tier: Tier) -> str:
-    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; says so when a GPU was wanted but is absent."""
-    if requested not in ("auto", "cuda") and not requested.startswith("cuda:"):
-        return requested
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return "cuda" if requested == "auto" else requested
-    except ImportError:
-        pass
-    log.warning("%s worker: no CUDA device visible; running on CPU", tier.value)
-    return "cpu"
-
-
 def transactional_id(settings: Settings, tier: Tier) -> str:
     """The stable name behind a tier worker's transactional ids: the same after a restart, so the new worker
     can abort what the dead one left open (a broker may never time it out: noida does not, and an open

@@ -46,7 +46,7 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
         updates["kafka_port"] = free_port()  # a `tierflow up` may be running: don't fight over its port
     if settings.redis.embedded and port_open("127.0.0.1", settings.redis.port):
         updates["redis_port"] = free_port()
-    s = settings.model_copy(update=updates)
+    s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:
         console.print(f"[bold]tierflow demo[/bold]: broker {s.kafka.servers}, Redis {s.redis.address}, "

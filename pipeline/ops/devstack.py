@@ -154,7 +154,7 @@ class Stack:
         if pause is not None and self.settings.feedback.fetch_pause_ms is None:
             updates["feedback_fetch_pause_ms"] = pause
         if updates:
-            self.settings = self.settings.model_copy(update=updates)
+            self.settings = self.settings.updated(**updates)
 
     def start_object_store(self, timeout: float = 60.0) -> int:
         """SeaweedFS (master, volume, filer, S3 gateway) on free local ports; creates the broker's bucket.

@@ -51,8 +51,7 @@ def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
 
 def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
     """The model a tier's workers run: its main backend, with the multilingual one for Chinese text."""
-    main_name = {Tier.LIGHT: settings.light.model, Tier.HEAVY: settings.heavy.model,
-                 Tier.MULTIMODAL: settings.multimodal.model}[tier]
+    main_name = settings.tier(tier).model
     _check_name(main_name, f"TIERFLOW_{tier.value.upper()}_MODEL")
     if settings.zh_model and main_name not in ("echo", "http"):
         _check_name(settings.zh_model, "TIERFLOW_ZH_MODEL")  # before the main model spends time loading
@@ -93,6 +92,6 @@ def _check_name(name: str, variable: str | None) -> None:
 
 def _variable_of(name: str, settings: Settings, tier: Tier) -> str | None:
     """The setting that chose backend `name` for `tier`, for an error message."""
-    if getattr(settings, f"{tier.value}_model", None) == name:
+    if settings.tier(tier).model == name:
         return f"TIERFLOW_{tier.value.upper()}_MODEL"
     return "TIERFLOW_ZH_MODEL" if settings.zh_model == name else None
