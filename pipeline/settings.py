@@ -340,21 +340,12 @@ class Settings(BaseSettings):
         `TIERFLOW_`: what `tierflow`'s docs and checks list."""
         return {name: info for name, (_, _, info) in FLAT_FIELDS.items()}
 
-    # --- TEMPORARY, until every access site is rewritten (/work/settings_codemod.py); removed right after. ---
-    def __getattr__(self, name: str) -> Any:
-        """The old flat attributes (`s.heavy_device`), read through their sections."""
-        if name in _OLD_PROPERTIES:
-            section, attr = _OLD_PROPERTIES[name]
-        elif name in FLAT_FIELDS and FLAT_FIELDS[name][1]:
-            section, attr = FLAT_FIELDS[name][0], str(FLAT_FIELDS[name][1])
-        else:
-            return super().__getattr__(name)  # type: ignore[misc]
-        return getattr(getattr(self, section), attr)
-
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Settings:
-        """Also takes the old flat names in `update`."""
-        if update and any(k in FLAT_FIELDS and FLAT_FIELDS[k][1] for k in update):
-            return self.updated(**update)
+        """pydantic's copy; a flat name of a section's setting (`kafka_port`) is refused: pydantic would set it as
+        a stray attribute that nothing reads. `updated(kafka_port=...)` takes those names."""
+        flat = sorted(k for k in update or () if k in FLAT_FIELDS and FLAT_FIELDS[k][1])
+        if flat:
+            raise TypeError(f"model_copy(update=...) with {', '.join(flat)}: use Settings.updated(...)")
         return super().model_copy(update=update, deep=deep)
 
     @model_validator(mode="before")
@@ -396,8 +387,6 @@ def _flat_fields() -> dict[str, tuple[str, str | None, FieldInfo]]:
 
 
 FLAT_FIELDS = _flat_fields()
-_OLD_PROPERTIES = {"bootstrap": ("kafka", "servers"), "embedded_kafka": ("kafka", "embedded"),  # TEMPORARY
-                   "embedded_redis": ("redis", "embedded")}
 
 
 @lru_cache(maxsize=1)

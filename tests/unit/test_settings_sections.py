@@ -236,3 +236,11 @@ def test_secrets_stay_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings(_env_file=None)
     assert "pw1" not in repr(s) and "pw2" not in repr(s) and "pw1" not in str(s.model_dump())
     assert s.redis.address == "redis://u:pw1@h:6379/0" and not s.redis.embedded
+
+
+def test_model_copy_refuses_flat_names_of_sections() -> None:
+    s = Settings(_env_file=None)
+    flat = {"kafka_port": 1}  # not a literal in the call, which the codemod would turn into updated()
+    with pytest.raises(TypeError, match=r"kafka_port: use Settings\.updated"):
+        s.model_copy(update=flat)
+    assert s.model_copy(update={"data_dir": Path("x")}).data_dir == Path("x")
