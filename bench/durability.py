@@ -49,7 +49,7 @@ def run(broker: str, durable: bool, sig: int, rate: float, seconds: float, root:
                     embedded_broker=cast(BrokerName, broker), embedded_durable=durable)
     stack = Stack(base)
     stack.start_broker()
-    s = stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap})
+    s = stack.settings.updated(kafka_bootstrap=base.kafka.servers)
     try:
         topic, group = f"dur-{uuid.uuid4().hex[:6]}", f"dur-{uuid.uuid4().hex[:6]}"
         admin = make_admin(s)  # kept: a collected AdminClient fails its own futures

@@ -105,8 +105,8 @@ def agent_round(s: Settings, n: int, timeout: float) -> float:
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.agents.feedback"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    r = redis.Redis.from_url(s.redis)
-    key = Keys(s.redis_prefix).feedback_state
+    r = redis.Redis.from_url(s.redis.address)
+    key = Keys(s.redis.prefix).feedback_state
     first: tuple[float, int] | None = None
     last = (0.0, 0)
     deadline = time.monotonic() + timeout

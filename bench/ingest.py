@@ -117,7 +117,7 @@ def main() -> None:
             s = fresh_topics(base)
             t = topics_of(s)
             fill(s, t.requests, msgs)
-            bare.append(bare_loop(s, t.requests, t.labels, len(msgs), s.ingest_batch))
+            bare.append(bare_loop(s, t.requests, t.labels, len(msgs), s.ingest.batch))
             ing.append(ingest_loop(s, len(msgs)))
             print(f"round {r + 1}: bare {bare[-1]:,.0f} msg/s, ingest {ing[-1]:,.0f} msg/s")
     b, i = statistics.median(bare), statistics.median(ing)

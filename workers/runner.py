@@ -55,21 +55,6 @@ from workers.model import InferenceModel, Item, Prediction, checked_predict
 log = logging.getLogger(__name__)
 
 
-def resolve_device(requested: str, tier: Tier) -> str:
-    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; says so when a GPU was wanted but is absent."""
-    if requested not in ("auto", "cuda") and not requested.startswith("cuda:"):
-        return requested
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return "cuda" if requested == "auto" else requested
-    except ImportError:
-        pass
-    log.warning("%s worker: no CUDA device visible; running on CPU", tier.value)
-    return "cpu"
-
-
 def transactional_id(settings: Settings, tier: Tier) -> str:
     """The stable name behind a tier worker's transactional ids: the same after a restart, so the new worker
     can abort what the dead one left open (a broker may never time it out: noida does not, and an open
@@ -135,13 +120,13 @@ class Worker:
         self._abort_first: list[str] = []  # transactional ids of the previous run, aborted in setup()
         if settings.exactly_once:
             stable = transactional_id(settings, tier)
-            tx_id, prev = take_transactional_id(self.r, settings.redis_prefix, stable)
-            backfill_tx, prev_backfill = take_transactional_id(self.r, settings.redis_prefix, f"{stable}-replay")
+            tx_id, prev = take_transactional_id(self.r, settings.redis.prefix, stable)
+            backfill_tx, prev_backfill = take_transactional_id(self.r, settings.redis.prefix, f"{stable}-replay")
             self._abort_first = [t for t in (prev, prev_backfill) if t]
         self.backfill = BackfillLane(settings, settings.group(f"workers-{tier.value}-replay"),
                                      self.topics.replay_tier(tier), self.worker_id, self.dlq,
                                      backfill_tx, output=True)
-        self.answered_key = Keys(settings.redis_prefix).replay_answered
+        self.answered_key = Keys(settings.redis.prefix).replay_answered
         # One round trip and one call for a whole backfill batch: a pipelined SADD per id costs the client more.
         self._sadd_each = self.r.register_script(SADD_EACH)
         self.transactional = tx_id is not None
@@ -199,8 +184,8 @@ class Worker:
         self.setup()
         self.consumer.subscribe([self.topics.tier(self.tier)], on_assign=self._on_assign)
         self.backfill.start()
-        self.heartbeat = Heartbeat(self.r, self.s.redis_prefix, self.tier.value, self.worker_id,
-                                   self.s.heartbeat_interval_s, self.s.heartbeat_ttl_s, self.status).start()
+        self.heartbeat = Heartbeat(self.r, self.s.redis.prefix, self.tier.value, self.worker_id,
+                                   self.s.heartbeat.interval_s, self.s.heartbeat.ttl_s, self.status).start()
         try:
             while not self._stop.is_set():
                 self.step()

@@ -28,12 +28,12 @@ log = logging.getLogger(__name__)
 
 
 def topics_of(settings: Settings) -> Topics:
-    return Topics(settings.topic_prefix)
+    return Topics(settings.topic.prefix)
 
 
 def specs_of(settings: Settings) -> list[TopicSpec]:
     return topic_specs(topics_of(settings), settings.partitions, settings.replication_factor,
-                       settings.max_message_bytes, settings.topic_retention_ms, settings.topic_retention_bytes)
+                       settings.max_message_bytes, settings.topic.retention_ms, settings.topic.retention_bytes)
 
 
 @dataclass
@@ -59,7 +59,7 @@ def make_output_producer(settings: Settings, **overrides: Any) -> Producer:
     """A producer of topics other programs read (answers, results, the DLQ): `kafka_output_compression`, a codec
     every mainstream client reads without plugins (kafkajs has no lz4); the topics only tierflow reads keep
     `kafka_compression` (make_producer)."""
-    return make_producer(settings, **{"compression.type": settings.kafka_output_compression, **overrides})
+    return make_producer(settings, **{"compression.type": settings.kafka.output_compression, **overrides})
 
 
 def make_producer(settings: Settings, **overrides: Any) -> Producer:
@@ -71,7 +71,7 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
         "message.max.bytes": producer_limit(settings.max_message_bytes),
         "queue.buffering.max.messages": 1_000_000,
         "batch.num.messages": 10_000,
-        "compression.type": settings.kafka_compression,
+        "compression.type": settings.kafka.compression,
     })
     conf.update(overrides)
     return Producer(conf)
@@ -293,7 +293,7 @@ def create_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     Topics are created explicitly because auto-created ones get the broker's default partition count
     (4 on tansu) and no size limits.
     """
-    check_reachable(settings.bootstrap, "Kafka")
+    check_reachable(settings.kafka.servers, "Kafka")
     admin = make_admin(settings)
     specs = specs_of(settings)
     existing = set(admin.list_topics(timeout=timeout).topics)
@@ -355,7 +355,8 @@ class Tail:
         meta = md.topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             self.consumer.close()
-            raise ServiceUnavailable(f"topic {topic} does not exist on {settings.bootstrap} (tierflow topics create)")
+            raise ServiceUnavailable(f"topic {topic} does not exist on {settings.kafka.servers} "
+                                     "(tierflow topics create)")
         parts = sorted(meta.partitions)
         marks = {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
                  for p in parts}

@@ -30,7 +30,7 @@ def backfill_consumer_config(settings: Settings) -> dict[str, Any]:
     queued stops the prefetch until the loop takes its next backfill batch, so a backfill costs a fetch
     per batch; idle, the long wait keeps its polling cheap.
     """
-    wait = settings.replay_fetch_wait_ms
+    wait = settings.replay.fetch_wait_ms
     return {"fetch.wait.max.ms": wait, "queued.min.messages": 1, "fetch.queue.backoff.ms": wait}
 
 
@@ -58,8 +58,8 @@ class BackfillLane:
         self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, dlq, who,
                                         settings.flush_timeout_s, transactional=self.transactional,
                                         asynchronous=True, what="replayed records", again="re-reading the batch")
-        self.gate = BackfillGate(settings.replay_duty, settings.replay_gap_ms / 1000.0)
-        self.batch = settings.replay_batch
+        self.gate = BackfillGate(settings.replay.duty, settings.replay.gap_ms / 1000.0)
+        self.batch = settings.replay.batch
         self.pending: list[Message] = []
 
     def start(self) -> None:

@@ -16,6 +16,6 @@ COMMAND_TIMEOUTS_S = (5.0, 3.0)
 
 
 def make_redis(settings: Settings, *, command: bool = False) -> redis.Redis:
-    """A client for `settings.redis`; `command`: an operator's command rather than a long-running agent."""
+    """A client for `settings.redis.address`; `command`: an operator's command rather than a long-running agent."""
     reply, connect = COMMAND_TIMEOUTS_S if command else AGENT_TIMEOUTS_S
-    return redis.Redis.from_url(settings.redis, socket_timeout=reply, socket_connect_timeout=connect)
+    return redis.Redis.from_url(settings.redis.address, socket_timeout=reply, socket_connect_timeout=connect)

@@ -16,8 +16,7 @@ not committed meanwhile) and resume when Redis answers again; a snapshot that co
 start is merged in once it can.
 
 Run one feedback agent per pipeline (`tierflow feedback`): it is the single writer of the controller's
-thresholds. Its knobs are the `feedback_*` fields of `pipeline.settings.Settings` (`TIERFLOW_FEEDBACK_*`),
-seen here as `FeedbackConfig`.
+thresholds. Its knobs are `settings.feedback` (`pipeline.settings.FeedbackSection`, `TIERFLOW_FEEDBACK_*`).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
@@ -61,60 +60,28 @@ from pipeline.core.health import Observation
 from pipeline.core.stats import AfterChange, AggConfig, Aggregator, WindowStats
 from pipeline.core.thresholds import Thresholds
 from pipeline.errors import InvalidThresholds
-from pipeline.settings import Settings
+from pipeline.settings import FeedbackSection, Settings
 
 log = logging.getLogger("pipeline.agents.feedback")  # also when run as __main__
 
 WHO = "feedback"
 
 
-def _default(knob: str) -> Any:
-    return Settings.model_fields[f"feedback_{knob}"].default
+def agg_config(fb: FeedbackSection) -> AggConfig:
+    """The windows and joins of the statistics, from the agent's settings."""
+    return AggConfig(window_ms=int(fb.window_s * 1000), hop_ms=int(min(fb.hop_s, fb.window_s) * 1000),
+                     last_n=fb.last_n, label_ttl_ms=int(fb.label_ttl_s * 1000),
+                     shadow_ttl_ms=int(fb.shadow_ttl_s * 1000), max_pending=fb.max_pending)
 
 
-@dataclass(frozen=True, slots=True)
-class FeedbackConfig:
-    """The agent's knobs: the `feedback_*` fields of Settings (`TIERFLOW_FEEDBACK_*`), prefix dropped.
-
-    `FeedbackConfig.of(settings)` is what the environment set; `FeedbackConfig()` the defaults (Settings
-    holds them and validates the values).
-    """
-
-    window_s: float = _default("window_s")
-    hop_s: float = _default("hop_s")
-    interval_s: float = _default("interval_s")
-    take_max: int = _default("take_max")
-    take_within_s: float = _default("take_within_s")
-    label_ttl_s: float = _default("label_ttl_s")
-    shadow_ttl_s: float = _default("shadow_ttl_s")
-    max_pending: int = _default("max_pending")
-    last_n: int = _default("last_n")
-    alpha: float = _default("alpha")
-    min_score_outcomes: int = _default("min_score_outcomes")
-    min_results: int = _default("min_results")
-    deadband: float = _default("deadband")
-    observe_s: float | None = _default("observe_s")
-    control: bool = _default("control")
-    group: str | None = _default("group")
-    fetch_wait_ms: int = _default("fetch_wait_ms")
-
-    @classmethod
-    def of(cls, settings: Settings) -> FeedbackConfig:
-        return cls(**{f.name: getattr(settings, f"feedback_{f.name}") for f in fields(cls)})
-
-    def agg(self) -> AggConfig:
-        return AggConfig(window_ms=int(self.window_s * 1000), hop_ms=int(min(self.hop_s, self.window_s) * 1000),
-                         last_n=self.last_n, label_ttl_ms=int(self.label_ttl_s * 1000),
-                         shadow_ttl_ms=int(self.shadow_ttl_s * 1000), max_pending=self.max_pending)
-
-    def controller(self) -> ControllerConfig:
-        return ControllerConfig(min_results=self.min_results, deadband=self.deadband,
-                                shed_cooldown_s=self.window_s,
-                                observe_s=self.observe_s if self.observe_s is not None else 2 * self.window_s)
+def controller_config(fb: FeedbackSection) -> ControllerConfig:
+    """The controller's knobs, from the agent's settings (the rollback watch defaults to two windows)."""
+    return ControllerConfig(min_results=fb.min_results, deadband=fb.deadband, shed_cooldown_s=fb.window_s,
+                            observe_s=fb.observe_s if fb.observe_s is not None else 2 * fb.window_s)
 
 
-def group_of(settings: Settings, cfg: FeedbackConfig) -> str:
-    return cfg.group or f"{settings.topic_prefix.rstrip('.:')}-feedback"
+def group_of(settings: Settings) -> str:
+    return settings.feedback.group or f"{settings.topic.prefix.rstrip('.:')}-feedback"
 
 
 # --------------------------------------------------------------------------- the agent's state and I/O
@@ -130,16 +97,15 @@ class TickResult:
 class Feedback:
     """The agent without faust: feed batches, `tick()` every interval. Redis I/O is in `*_io` methods."""
 
-    def __init__(self, settings: Settings, cfg: FeedbackConfig | None = None,
-                 client: redis.Redis | None = None) -> None:
+    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.s = settings
-        self.cfg = cfg or FeedbackConfig.of(settings)
-        self.topics = Topics(settings.topic_prefix)
+        self.cfg = settings.feedback
+        self.topics = Topics(settings.topic.prefix)
         self.r = client or make_redis(settings)
-        self.store = ThresholdStore(self.r, settings.redis_prefix)
-        self.state_key = Keys(settings.redis_prefix).feedback_state
-        self.agg = Aggregator(self.cfg.agg())
-        self.ctl_cfg = self.cfg.controller()
+        self.store = ThresholdStore(self.r, settings.redis.prefix)
+        self.state_key = Keys(settings.redis.prefix).feedback_state
+        self.agg = Aggregator(agg_config(self.cfg))
+        self.ctl_cfg = controller_config(self.cfg)
         self.state = ControllerState()
         self.restored = False
         self.thresholds: Thresholds | None = None
@@ -181,7 +147,7 @@ class Feedback:
     def load(self, raw: bytes | str) -> None:
         """Restore (or merge, when records were already counted) a snapshot."""
         data = orjson.loads(raw)
-        old = Aggregator.from_json(data["agg"], self.cfg.agg())
+        old = Aggregator.from_json(data["agg"], agg_config(self.cfg))
         if self.agg.observed == 0 and not self.agg.offsets:
             self.agg = old
         else:
@@ -247,7 +213,7 @@ class Feedback:
         self._redis_up()
         self.thresholds = th
         try:
-            heavy_now: Observation | None = observe(self.r, self.s.redis_prefix, "heavy")
+            heavy_now: Observation | None = observe(self.r, self.s.redis.prefix, "heavy")
         except (redis.RedisError, OSError, ValueError) as e:
             log.warning("feedback: heavy heartbeats unreadable (%s); recovery judged on the window", e)
             heavy_now = None
@@ -407,32 +373,32 @@ class _App(faust.App):
 
 def _credentials(s: Settings) -> Any:
     """faust credentials from the Kafka security settings (None: plaintext)."""
-    proto = s.kafka_security_protocol
+    proto = s.kafka.security_protocol
     if proto == "PLAINTEXT":
         return None
     ctx = None
     if proto in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=s.kafka_ssl_ca_location)
-        if s.kafka_ssl_certificate_location:
-            ctx.load_cert_chain(s.kafka_ssl_certificate_location, s.kafka_ssl_key_location,
-                                s.kafka_ssl_key_password.get_secret_value() if s.kafka_ssl_key_password else None)
+        ctx = ssl.create_default_context(cafile=s.kafka.ssl_ca_location)
+        if s.kafka.ssl_certificate_location:
+            ctx.load_cert_chain(s.kafka.ssl_certificate_location, s.kafka.ssl_key_location,
+                                s.kafka.ssl_key_password.get_secret_value() if s.kafka.ssl_key_password else None)
     if proto == "SSL":
         return faust.SSLCredentials(ctx)
     return faust.SASLCredentials(
-        username=s.kafka_sasl_username, password=s.kafka_sasl_password.get_secret_value()
-        if s.kafka_sasl_password else None, mechanism=s.kafka_sasl_mechanism or "PLAIN", ssl_context=ctx)
+        username=s.kafka.sasl_username, password=s.kafka.sasl_password.get_secret_value()
+        if s.kafka.sasl_password else None, mechanism=s.kafka.sasl_mechanism or "PLAIN", ssl_context=ctx)
 
 
 def build_app(fb: Feedback) -> faust.App:
     """The faust app: one agent over results + labels, one timer for the control loop."""
     s, cfg = fb.s, fb.cfg
     _ConsumerThread.fetch_wait_ms = cfg.fetch_wait_ms
-    _ConsumerThread.idle_pause_s = s.feedback_fetch_pause_ms / 1000 if s.feedback_fetch_pause_ms else None
+    _ConsumerThread.idle_pause_s = s.feedback.fetch_pause_ms / 1000 if s.feedback.fetch_pause_ms else None
     datadir = s.data_dir / "feedback"  # faust wants one even without tables
     datadir.mkdir(parents=True, exist_ok=True)
     app = _App(
-        group_of(s, cfg),
-        broker=",".join(f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")),
+        group_of(s),
+        broker=",".join(f"kafka://{hp.strip()}" for hp in s.kafka.servers.split(",")),
         broker_credentials=_credentials(s),
         web_enabled=False,
         broker_session_timeout=6.0,
@@ -442,7 +408,7 @@ def build_app(fb: Feedback) -> faust.App:
         consumer_auto_offset_reset="earliest",  # tansu's ListOffsets end offsets are wrong
         # A restarted agent rejoins as itself (see pipeline.adapters.kafka.make_consumer: noida never expires a
         # dead member).
-        consumer_group_instance_id=f"{group_of(s, cfg)}-{s.worker_id}" if s.worker_id else None,
+        consumer_group_instance_id=f"{group_of(s)}-{s.worker_id}" if s.worker_id else None,
         consumer_max_fetch_size=s.max_message_bytes,
         topic_allow_declare=False,
         topic_disable_leader=True,
@@ -500,29 +466,29 @@ class _Worker(faust.Worker):
 
 
 # --------------------------------------------------------------------------- entry point
-def main(settings: Settings, cfg: FeedbackConfig | None = None) -> int:
+def main(settings: Settings) -> int:
     """Run the feedback agent until SIGTERM / SIGINT; 0 on a clean stop."""
-    cfg = cfg or FeedbackConfig.of(settings)
+    cfg = settings.feedback
     if not logging.getLogger().handlers:
         logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("faust", "mode", "aiokafka"):  # their INFO is a page per rebalance
         logging.getLogger(noisy).setLevel(max(logging.getLogger().level, logging.WARNING))
-    check_reachable(settings.bootstrap, "Kafka")
+    check_reachable(settings.kafka.servers, "Kafka")
     metrics.serve(settings.metrics_port)
-    fb = Feedback(settings, cfg)
+    fb = Feedback(settings)
     if not fb.restore_io():
         log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
     app = build_app(fb)
-    beat = Heartbeat(fb.r, settings.redis_prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
-                     settings.heartbeat_interval_s, settings.heartbeat_ttl_s,
+    beat = Heartbeat(fb.r, settings.redis.prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
+                     settings.heartbeat.interval_s, settings.heartbeat.ttl_s,
                      lambda: {"agent": "feedback", "ready": fb.ticks > 0}).start()
     worker = _Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
                      redirect_stdouts=False, override_logging=False)
     worker.spinner = None
     worker.on_give_up = lambda: _final_save(fb)
     log.info("feedback: %s + %s, window %.0fs, control every %.1fs, group %s", fb.topics.results,
-             fb.topics.labels, cfg.window_s, cfg.interval_s, group_of(settings, cfg))
+             fb.topics.labels, cfg.window_s, cfg.interval_s, group_of(settings))
     code = 0
     try:
         worker.execute_from_commandline()

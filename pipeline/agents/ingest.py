@@ -123,9 +123,9 @@ class Ingest:
         self.s = settings
         self.topics = topics_of(settings)
         self.r = r or make_redis(settings)
-        self.store = ThresholdStore(self.r, settings.redis_prefix)
+        self.store = ThresholdStore(self.r, settings.redis.prefix)
         self.cache = ThresholdCache(self.store, component="ingest")
-        self.monitor = HealthMonitor(self.r, settings.redis_prefix, self.cache) if health_checks else None
+        self.monitor = HealthMonitor(self.r, settings.redis.prefix, self.cache) if health_checks else None
         self.consumer = make_member(settings, settings.group("ingest"))
         self.dlq = DeadLetters(settings, "ingest")
         # Backfill has its own topic, group, producer and batches, taken only while no live record waits.
@@ -140,8 +140,8 @@ class Ingest:
         self.stats = IngestStats()
         self.ready = False  # partitions assigned: a request sent now is routed without waiting for a join
         self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
-        self.heartbeat = Heartbeat(self.r, settings.redis_prefix, AGENT, f"ingest-{socket.gethostname()}-{os.getpid()}",
-                                   settings.heartbeat_interval_s, settings.heartbeat_ttl_s, self.status)
+        self.heartbeat = Heartbeat(self.r, settings.redis.prefix, AGENT, f"ingest-{socket.gethostname()}-{os.getpid()}",
+                                   settings.heartbeat.interval_s, settings.heartbeat.ttl_s, self.status)
         self._stop = threading.Event()
         self._sources = [self.topics.requests]
         self._tier_topics = {t: self.topics.tier(t) for t in Tier}
@@ -193,11 +193,11 @@ class Ingest:
 
         Backfill records are routed in batches of their own, only while no live record is buffered.
         """
-        msgs = self.consumer.consume(self.s.ingest_batch, 0)
+        msgs = self.consumer.consume(self.s.ingest.batch, 0)
         if not msgs:
             if self.backfill.turn(False, self._route_backfill):
                 return 0
-            msgs = poll_batch(self.consumer, self.s.ingest_batch, self.backfill.idle_wait_s(timeout))
+            msgs = poll_batch(self.consumer, self.s.ingest.batch, self.backfill.idle_wait_s(timeout))
             if not msgs:
                 return 0
         n = self._step_live(msgs)

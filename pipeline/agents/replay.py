@@ -222,7 +222,7 @@ class TopicSource(Source):
             md = reader.c.list_topics(self.topic, timeout=10)
             meta = md.topics.get(self.topic)
             if meta is None or meta.error is not None:
-                raise ConfigError(f"no topic {self.topic!r} on {self.settings.bootstrap}")
+                raise ConfigError(f"no topic {self.topic!r} on {self.settings.kafka.servers}")
             parts = sorted(meta.partitions)
             guesses: dict[int, int] = {}
             if self.start_ts is not None:
@@ -335,11 +335,11 @@ class Replayer:
         self.r = r or make_redis(settings, command=True)
         self.producer: Producer = make_producer(settings)
         self.dlq = DeadLetters(settings, "replay")
-        self.answered_key = Keys(settings.redis_prefix).replay_answered
+        self.answered_key = Keys(settings.redis.prefix).replay_answered
         self.source_name = "replay"
 
     def state_key(self, job: str) -> str:
-        return Keys(self.s.redis_prefix).replay_job(job)
+        return Keys(self.s.redis.prefix).replay_job(job)
 
     def run(self, source: Source, *, job: str, rate: float | None = None, limit: int | None = None,
             pin_thresholds: int | None = None, shadow: bool = False, force: bool = False, restart: bool = False,
@@ -365,8 +365,8 @@ class Replayer:
         t0 = time.monotonic()
         guard = None
         if max_live_slowdown:
-            guard = LiveGuard(lambda: read_live_latency(self.r, self.s.redis_prefix), max_live_slowdown, rate,
-                              min_rate=self.s.replay_min_rate, horizon_s=RECENT_S)
+            guard = LiveGuard(lambda: read_live_latency(self.r, self.s.redis.prefix), max_live_slowdown, rate,
+                              min_rate=self.s.replay.min_rate, horizon_s=RECENT_S)
             log.info("replay %s: live p95 baseline %s ms", job, {t: round(v) for t, v in guard.baseline.items()})
         pacer = Pacer(guard.rate() if guard is not None else rate)
         chunk: list[tuple[Any, bytes]] = []

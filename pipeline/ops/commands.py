@@ -40,7 +40,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
         value = getattr(args, field, None)
         if value is not None:
             updates[field] = value
-    return s.model_copy(update=updates) if updates else s
+    return s.updated(**updates) if updates else s
 
 
 def setup_logging(settings: Settings) -> None:
@@ -64,7 +64,7 @@ def setup_logging(settings: Settings) -> None:
 def _redis(settings: Settings) -> Any:
     from pipeline.adapters.kafka import check_reachable
 
-    check_reachable(settings.redis, "Redis")
+    check_reachable(settings.redis.address, "Redis")
     return make_redis(settings, command=True)
 
 
@@ -99,7 +99,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from pipeline.agents.ingest import Ingest
 
     s = settings_of(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     metrics.serve(s.metrics_port)
     agent = Ingest(s)
     stop_on_signals(agent.stop)
@@ -120,14 +120,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     from pipeline import metrics
     from pipeline.adapters.kafka import check_reachable
+    from workers.devices import tier_device
     from workers.models.registry import tier_model
-    from workers.runner import Worker, resolve_device
+    from workers.runner import Worker
 
     model = tier_model(s, tier)  # a wrong model name is said before the broker is dialled
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     metrics.serve(s.metrics_port)
-    requested = device or getattr(s, f"{tier.value}_device")
-    worker = Worker(s, tier, model, resolve_device(requested, tier))
+    worker = Worker(s, tier, model, tier_device(s, tier, device))
     stop_on_signals(worker.stop)
     worker.run()
     return 0
@@ -177,7 +177,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     from pipeline.contracts.models import dumps
 
     s = settings_of(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     req: dict[str, Any] = {"id": args.id or uuid.uuid4().hex, "ts": int(time.time() * 1000)}
     if args.text:
         req["text"] = args.text
@@ -209,7 +209,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         left = producer.flush(args.ack_timeout + 1)
         if left or delivery.failed:
             why = "; ".join(delivery.errors) or f"no acknowledgement within {args.ack_timeout:.0f}s"
-            raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.bootstrap}: {why}")
+            raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.kafka.servers}: {why}")
         print(f"sent {req['id']}", flush=True)
         if reader is None:
             return 0
@@ -232,7 +232,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
     from pipeline.adapters.tails import AnswerReader
 
     s = settings_of(args)
-    check_reachable(s.bootstrap, "Kafka")
+    check_reachable(s.kafka.servers, "Kafka")
     reader = AnswerReader(s, from_beginning=not args.new)
     stopping = threading.Event()
     stop_on_signals(stopping.set)
@@ -267,7 +267,7 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
     from pipeline.core.thresholds import parse_value
 
     s = settings_of(args)
-    store = ThresholdStore(_redis(s), s.redis_prefix)
+    store = ThresholdStore(_redis(s), s.redis.prefix)
     who = f"cli:{os.environ.get('USER', 'operator')}"
     if args.action == "show":
         doc = store.get()
@@ -301,7 +301,7 @@ def cmd_vip(args: argparse.Namespace) -> int:
     from pipeline.adapters.threshold_store import ThresholdStore
 
     s = settings_of(args)
-    store = ThresholdStore(_redis(s), s.redis_prefix)
+    store = ThresholdStore(_redis(s), s.redis.prefix)
     if args.action == "add":
         store.vip_add(*args.users)
     elif args.action == "remove":
@@ -322,8 +322,8 @@ def cmd_route(args: argparse.Namespace) -> int:
     s = settings_of(args)
     th, vip, source = Thresholds(), False, "defaults (Redis not reachable)"
     try:
-        store = ThresholdStore(_redis(s), s.redis_prefix)
-        th, source = store.get(), f"Redis {s.redis}"
+        store = ThresholdStore(_redis(s), s.redis.prefix)
+        th, source = store.get(), f"Redis {s.redis.address}"
         vip = args.user in store.vips() if args.user else False
     except (ServiceUnavailable, OSError, InvalidThresholds):
         pass
@@ -346,7 +346,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
     s = settings_of(args)
     r = _redis(s)
-    key = fault_key(s.redis_prefix, args.tier)
+    key = fault_key(s.redis.prefix, args.tier)
     if args.ms <= 0:
         r.delete(key)
         print(f"{args.tier}: injected latency cleared")
@@ -380,8 +380,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
 
     s = settings_of(args)
-    check_reachable(s.bootstrap, "Kafka")
-    check_reachable(s.redis, "Redis")
+    check_reachable(s.kafka.servers, "Kafka")
+    check_reachable(s.redis.address, "Redis")
     source: Source
     if args.file:
         source = FileSource(name=f"file:{Path(args.file).resolve()}", path=Path(args.file))

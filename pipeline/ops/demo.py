@@ -42,19 +42,20 @@ def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, cons
 def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
     console = Console()
     updates: dict[str, Any] = {"data_dir": settings.data_dir / "demo"}
-    if settings.embedded_kafka and port_open("127.0.0.1", settings.kafka_port):
+    if settings.kafka.embedded and port_open("127.0.0.1", settings.kafka.port):
         updates["kafka_port"] = free_port()  # a `tierflow up` may be running: don't fight over its port
-    if settings.embedded_redis and port_open("127.0.0.1", settings.redis_port):
+    if settings.redis.embedded and port_open("127.0.0.1", settings.redis.port):
         updates["redis_port"] = free_port()
-    s = settings.model_copy(update=updates)
+    s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:
-        console.print(f"[bold]tierflow demo[/bold]: broker {s.bootstrap}, Redis {s.redis}, logs {stack.log_dir}/")
+        console.print(f"[bold]tierflow demo[/bold]: broker {s.kafka.servers}, Redis {s.redis.address}, "
+                      f"logs {stack.log_dir}/")
         r = make_redis(s, command=True)
-        ThresholdStore(r, s.redis_prefix).vip_add(VIP_USER)
+        ThresholdStore(r, s.redis.prefix).vip_add(VIP_USER)
         reader = AnswerReader(s)
         try:
-            wait_ready(stack, r, s.redis_prefix, timeout_s, console)
+            wait_ready(stack, r, s.redis.prefix, timeout_s, console)
             console.print(f"pipeline ready in {time.monotonic() - started:.1f}s; sending {len(requests())} messages")
             answers = _send_and_collect(s, reader, timeout_s, console)
         finally:

@@ -103,7 +103,7 @@ class Stack:
 
     @property
     def broker(self) -> EmbeddedBroker:
-        return embedded_broker(self.settings.embedded_broker)
+        return embedded_broker(self.settings.embedded.broker)
 
     @property
     def log_dir(self) -> Path:
@@ -130,8 +130,8 @@ class Stack:
         Call it again after the broker died to restart it on the same port and storage. On a broker with
         retention, the stack's settings gain its bounds (children and later topics get them).
         """
-        durable = self.settings.embedded_durable if durable is None else durable
-        port = self.settings.kafka_port
+        durable = self.settings.embedded.durable if durable is None else durable
+        port = self.settings.kafka.port
         if port_open("127.0.0.1", port):
             raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
                                      "stop it or pass --kafka-port")
@@ -146,15 +146,15 @@ class Stack:
         wait_port("127.0.0.1", port, timeout, p.popen, f"the embedded broker ({broker.label})")
         bounds = broker.topic_config()
         updates: dict[str, float] = {}
-        if "retention.ms" in bounds and self.settings.topic_retention_ms is None:
+        if "retention.ms" in bounds and self.settings.topic.retention_ms is None:
             updates["topic_retention_ms"] = int(bounds["retention.ms"])
-        if "retention.bytes" in bounds and self.settings.topic_retention_bytes is None:
+        if "retention.bytes" in bounds and self.settings.topic.retention_bytes is None:
             updates["topic_retention_bytes"] = int(bounds["retention.bytes"])
         pause = broker.idle_pause_ms()
-        if pause is not None and self.settings.feedback_fetch_pause_ms is None:
+        if pause is not None and self.settings.feedback.fetch_pause_ms is None:
             updates["feedback_fetch_pause_ms"] = pause
         if updates:
-            self.settings = self.settings.model_copy(update=updates)
+            self.settings = self.settings.updated(**updates)
 
     def start_object_store(self, timeout: float = 60.0) -> int:
         """SeaweedFS (master, volume, filer, S3 gateway) on free local ports; creates the broker's bucket.
@@ -185,7 +185,7 @@ class Stack:
             time.sleep(0.2)
 
     def start_redis(self, timeout: float = 20.0) -> None:
-        port = self.settings.redis_port
+        port = self.settings.redis.port
         if port_open("127.0.0.1", port):
             raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
                                      "stop it or pass --redis-port")
@@ -198,9 +198,9 @@ class Stack:
 
     def start_services(self) -> None:
         """The broker and Redis, each only where no external address is configured."""
-        if self.settings.embedded_kafka:
+        if self.settings.kafka.embedded:
             self.start_broker()
-        if self.settings.embedded_redis:
+        if self.settings.redis.embedded:
             self.start_redis()
 
     def start_agent(self, name: str, *args: str, env: Mapping[str, str | None] | None = None) -> Proc:
@@ -310,8 +310,8 @@ def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, tim
         if stack.dead() or (stopping is not None and stopping.is_set()) or time.monotonic() - t0 > timeout_s:
             return None
         try:
-            ready = ready_agents(r, stack.settings.redis_prefix)
-            ready |= {f"worker-{t}" for t in ready_tiers(r, stack.settings.redis_prefix, list(_TIERS))}
+            ready = ready_agents(r, stack.settings.redis.prefix)
+            ready |= {f"worker-{t}" for t in ready_tiers(r, stack.settings.redis.prefix, list(_TIERS))}
         except (redis.RedisError, OSError):
             ready = set()
         for name in names:
@@ -338,11 +338,11 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
     try:
         stack.start_services()
         settings = stack.settings  # with the embedded broker's topic bounds
-        check_reachable(settings.bootstrap, "Kafka")
-        check_reachable(settings.redis, "Redis")
+        check_reachable(settings.kafka.servers, "Kafka")
+        check_reachable(settings.redis.address, "Redis")
         create_topics(settings)
 
-        ThresholdStore(make_redis(settings, command=True), settings.redis_prefix).init()
+        ThresholdStore(make_redis(settings, command=True), settings.redis.prefix).init()
         if agents:
             for name, args in AGENTS:
                 if only is None or name in only:

@@ -488,9 +488,9 @@ def _heavy_budget(settings: Settings) -> float | None:
     from pipeline.errors import ServiceUnavailable
 
     try:
-        check_reachable(settings.redis, "Redis", timeout=1.0)
+        check_reachable(settings.redis.address, "Redis", timeout=1.0)
         r = make_redis(settings)
-        raw = r.get(ThresholdStore(r, settings.redis_prefix).key)
+        raw = r.get(ThresholdStore(r, settings.redis.prefix).key)
         return Thresholds.model_validate_json(raw).heavy_budget if raw else None
     except (ServiceUnavailable, redis.RedisError, OSError, ValueError):
         return None
@@ -498,7 +498,7 @@ def _heavy_budget(settings: Settings) -> float | None:
 
 def main(settings: Settings, out_dir: Path, minutes: float | None) -> int:
     """`tierflow report`: write report.png and report.txt under `out_dir`; print the summary."""
-    check_reachable(settings.bootstrap, "Kafka")
+    check_reachable(settings.kafka.servers, "Kafka")
     data = read_run(settings, minutes)
     summary = summarize(data.results, data.labels, [k for _, k in data.dlq], _heavy_budget(settings))
     out_dir.mkdir(parents=True, exist_ok=True)

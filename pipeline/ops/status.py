@@ -270,19 +270,19 @@ class Status:
         thresholds = None
         try:
             for tier in _TIERS:
-                beats[tier] = read_heartbeats(self.r, self.s.redis_prefix, tier)
-            raw = self.r.get(Keys(self.s.redis_prefix).thresholds)
+                beats[tier] = read_heartbeats(self.r, self.s.redis.prefix, tier)
+            raw = self.r.get(Keys(self.s.redis.prefix).thresholds)
             thresholds = Thresholds.model_validate_json(raw) if raw else None
             if raw is None:
                 notes.append("no thresholds in Redis yet (ingest writes the defaults when it starts)")
         except (redis.RedisError, OSError) as e:
-            notes.append(f"Redis unreachable at {scrub(self.s.redis)}: {scrub(str(e)) or e.__class__.__name__}")
+            notes.append(f"Redis unreachable at {scrub(self.s.redis.address)}: {scrub(str(e)) or e.__class__.__name__}")
         except ValueError as e:
             notes.append(f"thresholds in Redis are invalid: {e}")
         tiers = [self._tier_view(t, beats.get(t), start_ms, window, now_ms) for t in _TIERS]
         return Frame(at=now, window_s=window, tiers=tiers, thresholds=thresholds,
                      dlq_rate=len(self._dlq_times) / self.window_s, dead_letters=list(self._dead)[::-1],
-                     source=f"{self.s.bootstrap}  {scrub(self.s.redis)}  topics {self.s.topic_prefix}*",
+                     source=f"{self.s.kafka.servers}  {scrub(self.s.redis.address)}  topics {self.s.topic.prefix}*",
                      notes=notes)
 
     def _tier_view(self, tier: str, beats: list[HeartbeatDoc] | None, start_ms: int, window: float,
@@ -408,8 +408,8 @@ def main(settings: Settings, once: bool = False, interval_s: float = 1.0, consol
     previous = signal.signal(signal.SIGINT, on_sigint)
     status: Status | None = None
     try:
-        check_reachable(settings.bootstrap, "Kafka")
-        check_reachable(settings.redis, "Redis")
+        check_reachable(settings.kafka.servers, "Kafka")
+        check_reachable(settings.redis.address, "Redis")
         console = console or Console(file=sys.stdout, width=None if sys.stdout.isatty() else 140)
         status = Status(settings).start()
         if once:

@@ -19,7 +19,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     s = settings_of(args)
     if args.data is not None:
-        s = s.model_copy(update={"data_dir": args.data, "embedded_durable": True})
+        s = s.updated(data_dir=args.data, embedded_durable=True)
     setup_logging(s)
     stopping = threading.Event()
     stop_on_signals(stopping.set)
@@ -122,9 +122,9 @@ def _stack_line(s: Settings) -> str:
     from pipeline.adapters.brokers import embedded_broker
     from pipeline.logs import scrub
 
-    kafka = f"kafka {s.bootstrap}" + (f" (embedded {embedded_broker(s.embedded_broker).label})"
-                                      if s.embedded_kafka else "")
-    return f"{kafka}, redis {scrub(s.redis)}" + (" (embedded valkey)" if s.embedded_redis else "")
+    kafka = f"kafka {s.kafka.servers}" + (f" (embedded {embedded_broker(s.embedded.broker).label})"
+                                      if s.kafka.embedded else "")
+    return f"{kafka}, redis {scrub(s.redis.address)}" + (" (embedded valkey)" if s.redis.embedded else "")
 
 
 def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
@@ -132,25 +132,25 @@ def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dic
     from pipeline.logs import scrub
 
     lines = ["tierflow is up"]
-    if s.embedded_kafka:
-        b = embedded_broker(s.embedded_broker)
-        keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded_durable else \
+    if s.kafka.embedded:
+        b = embedded_broker(s.embedded.broker)
+        keep = f"log kept in {s.data_dir}/ ({b.traits.survives_restart})" if s.embedded.durable else \
             "log starts empty each time (--data DIR keeps it)"
-        lines.append(f"  kafka   {s.bootstrap}  (embedded {b.label}; {keep})")
-        bounds = [f"{s.topic_retention_ms / 1000:.0f} s"] if s.topic_retention_ms is not None else []
-        if s.topic_retention_bytes is not None:
-            bounds.append(f"{s.topic_retention_bytes / (1024 * 1024):g} MiB per partition")
+        lines.append(f"  kafka   {s.kafka.servers}  (embedded {b.label}; {keep})")
+        bounds = [f"{s.topic.retention_ms / 1000:.0f} s"] if s.topic.retention_ms is not None else []
+        if s.topic.retention_bytes is not None:
+            bounds.append(f"{s.topic.retention_bytes / (1024 * 1024):g} MiB per partition")
         if bounds:
             lines.append(f"          topics keep at most {' or '.join(bounds)}")
     else:
-        lines.append(f"  kafka   {s.bootstrap}")
-    lines.append(f"  redis   {scrub(s.redis)}" + ("  (embedded valkey)" if s.embedded_redis else ""))
+        lines.append(f"  kafka   {s.kafka.servers}")
+    lines.append(f"  redis   {scrub(s.redis.address)}" + ("  (embedded valkey)" if s.redis.embedded else ""))
     lines.append("  agents  " + ", ".join(f"{n} {t:.1f}s" for n, t in took.items()) + " to ready")
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
-    lines += [f"  logs    {log_dir}/", f"  topics  {s.topic_prefix}*"]
-    env = "" if (s.kafka_port, s.redis_port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.embedded_kafka \
-        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.bootstrap} TIERFLOW_REDIS_URL={scrub(s.redis)} "
+    lines += [f"  logs    {log_dir}/", f"  topics  {s.topic.prefix}*"]
+    env = "" if (s.kafka.port, s.redis.port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.kafka.embedded \
+        else f"TIERFLOW_KAFKA_BOOTSTRAP={s.kafka.servers} TIERFLOW_REDIS_URL={scrub(s.redis.address)} "
     lines.append(f"  try:    {env}tierflow send 'where is my order?' --wait")
     lines.append("  Ctrl-C stops everything.")
     print("\n".join(lines), flush=True)

@@ -54,7 +54,7 @@ def broker_name() -> str:
         return "kafka"
     from pipeline.settings import Settings
 
-    return Settings().embedded_broker
+    return Settings().embedded.broker
 
 
 _RELIABILITY = Reliability()

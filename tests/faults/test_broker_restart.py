@@ -46,7 +46,7 @@ PIPELINE = ("ingest", "worker-light", "worker-heavy", "worker-multimodal")
 
 def own_broker(services: Settings, data_dir: Path, durable: bool) -> tuple[Stack, Settings]:
     """A broker of this test's own (so it can be killed), beside the session's Redis."""
-    base = services.model_copy(update={"kafka_bootstrap": None, "kafka_port": free_port(), "data_dir": data_dir})
+    base = services.updated(kafka_bootstrap=None, kafka_port=free_port(), data_dir=data_dir)
     stack = Stack(base)
     try:
         stack.start_broker(durable=durable)
@@ -54,8 +54,7 @@ def own_broker(services: Settings, data_dir: Path, durable: bool) -> tuple[Stack
         stack.stop()
         raise
     tag = uuid.uuid4().hex[:8]
-    s = base.model_copy(update={"kafka_bootstrap": base.bootstrap, "topic_prefix": f"b{tag}.",
-                                "redis_prefix": f"b{tag}:"})
+    s = base.updated(kafka_bootstrap=base.kafka.servers, topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
     create_topics(s)
     return stack, s
 
@@ -208,11 +207,11 @@ def test_memory_broker_restart_under_tierflow_up(memory_broker: tuple[Stack, Set
 def test_embedded_broker_death_stops_tierflow_up(services: Settings, tmp_path: Path,
                                                  reliability: Reliability) -> None:
     """With its own embedded broker, `tierflow up` does not restart the broker: it says so and stops all."""
-    s = services.model_copy(update={"kafka_bootstrap": None, "kafka_port": free_port(), "data_dir": tmp_path,
-                                    "topic_prefix": f"e{uuid.uuid4().hex[:8]}."})
+    s = services.updated(kafka_bootstrap=None, kafka_port=free_port(), data_dir=tmp_path,
+                         topic_prefix=f"e{uuid.uuid4().hex[:8]}.")
     # The test's Redis, but no TIERFLOW_KAFKA_BOOTSTRAP: `up` starts its own broker on a free port.
     env = {k: v for k, v in s.with_env().items() if k != "TIERFLOW_KAFKA_BOOTSTRAP"}
-    up = Up(s, env={"TIERFLOW_KAFKA_PORT": str(s.kafka_port)}, base_env=env)
+    up = Up(s, env={"TIERFLOW_KAFKA_PORT": str(s.kafka.port)}, base_env=env)
     try:
         deadline = time.monotonic() + 60
         while "ingest" not in up.agents():

@@ -25,8 +25,8 @@ VICTIMS = ("worker-light", "worker-heavy", "ingest", "feedback")
 
 def crash_bound(s: Settings, victim: str) -> int:
     """Answers a crash of `victim` may repeat: the one batch it had consumed but not committed."""
-    return {"worker-light": s.light_max_batch, "worker-heavy": s.heavy_max_batch,
-            "worker-multimodal": s.multimodal_max_batch, "ingest": s.ingest_batch}.get(victim, 0)
+    return {"worker-light": s.light.max_batch, "worker-heavy": s.heavy.max_batch,
+            "worker-multimodal": s.multimodal.max_batch, "ingest": s.ingest.batch}.get(victim, 0)
 
 
 @pytest.mark.parametrize(("variant", "total", "rate", "rounds"), [

@@ -31,8 +31,8 @@ class LagProbe:
     """Heavy lag as ingest sees it (the heavy workers' heartbeats), every 0.25 s: (monotonic, epoch ms, lag)."""
 
     def __init__(self, s: Settings) -> None:
-        self.r = redis.Redis.from_url(s.redis)
-        self.prefix = s.redis_prefix
+        self.r = redis.Redis.from_url(s.redis.address)
+        self.prefix = s.redis.prefix
         self.points: list[tuple[float, int, int]] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True, name="lag")
@@ -61,7 +61,7 @@ class LagProbe:
 def test_overload_degrades_and_drains(settings_factory: Callable[..., Settings], reliability: Reliability,
                                       variant: str, seconds: float) -> None:
     s = settings_factory()
-    capacity = s.heavy_max_batch / (LATENCY_MS / 1000.0)  # an upper bound: the batch also takes its own time
+    capacity = s.heavy.max_batch / (LATENCY_MS / 1000.0)  # an upper bound: the batch also takes its own time
     heavy_rate, light_rate = 3 * capacity, 20.0
     rate = heavy_rate + light_rate
     total = int(rate * seconds)
@@ -100,7 +100,7 @@ def test_overload_degrades_and_drains(settings_factory: Callable[..., Settings],
         dead = agents.dead()
         reliability.record(
             fault=f"overload: heavy-bound input at 3x heavy capacity (fault latency +{LATENCY_MS} ms per heavy "
-                  f"batch of <= {s.heavy_max_batch}: <= {capacity:.0f}/s), degrade_lag {DEGRADE_LAG}",
+                  f"batch of <= {s.heavy.max_batch}: <= {capacity:.0f}/s), degrade_lag {DEGRADE_LAG}",
             variant=variant, load=f"{seconds:.0f} s at {heavy_rate:.0f}/s heavy-bound + {light_rate:.0f}/s light "
                                   f"({total:,} requests)",
             invariants={f"heavy lag grew past degrade_lag ({DEGRADE_LAG})": over_at is not None,

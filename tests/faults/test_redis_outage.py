@@ -28,10 +28,10 @@ MIX = (("light", 0.4), ("medium", 0.3), ("heavy", 0.25), ("image", 0.05))
 @pytest.fixture
 def own_redis(services: Settings, tmp_path: Path) -> Iterator[tuple[Stack, str]]:
     """A Redis of this test's own, so it can be killed and started again on the same port."""
-    s = services.model_copy(update={"redis_url": None, "redis_port": free_port(), "data_dir": tmp_path})
+    s = services.updated(redis_url=None, redis_port=free_port(), data_dir=tmp_path)
     stack = Stack(s)
     stack.start_redis()
-    yield stack, s.redis
+    yield stack, s.redis.address
     stack.stop()
 
 
@@ -45,7 +45,7 @@ def test_redis_outage_under_load(settings_factory: Callable[..., Settings], own_
     s = settings_factory(redis_url=url)
     # Non-default thresholds, so answers show which document routed them: 52-character texts go light
     # under v2 (length_threshold 60) and would go heavy under the defaults (50).
-    ThresholdStore(redis.Redis.from_url(url), s.redis_prefix).update("test", "outage test", length_threshold=60)
+    ThresholdStore(redis.Redis.from_url(url), s.redis.prefix).update("test", "outage test", length_threshold=60)
     agents = Agents(s).start("ingest", "worker-light", "worker-heavy", "worker-multimodal")
     rate = 200.0
     total = int(rate * (outage_s + 10.0))
@@ -63,8 +63,8 @@ def test_redis_outage_under_load(settings_factory: Callable[..., Settings], own_
                 traffic.wait(traffic.duration_s + 60)
                 waited = obs.wait_for(traffic.sent, timeout=90, settle_s=2.0)
         r = redis.Redis.from_url(url)
-        restored = ThresholdStore(r, s.redis_prefix).get_or_none()
-        beating = ready_tiers(r, s.redis_prefix, TIERS)
+        restored = ThresholdStore(r, s.redis.prefix).get_or_none()
+        beating = ready_tiers(r, s.redis.prefix, TIERS)
         verdict = verify(traffic.sent, obs, duplicate_bound=0)
         during = [a for a in obs.answers if down_ms + 500 <= a.answered_at <= up_ms]
         tiers_during = sorted({a.tier for a in during})

@@ -92,11 +92,11 @@ def test_feedback_agent_gets_the_same_credentials() -> None:
 
 
 def test_every_secret_is_a_secret_str() -> None:
-    secretish = [name for name in Settings.model_fields
+    secretish = [name for name in Settings.flat_fields()
                  if name.endswith(("password", "api_key", "token", "secret"))]
     assert secretish, "no secret fields found"
     for name in secretish:
-        assert Settings.model_fields[name].annotation == SecretStr | None, name
+        assert Settings.flat_fields()[name].annotation == SecretStr | None, name
     s = secure_settings(http_api_key=SecretStr("sk-s3cret"))
     shown = repr(s) + str(s) + s.model_dump_json()
     assert SASL_PW not in shown and KEY_PW not in shown and "sk-s3cret" not in shown
@@ -121,8 +121,8 @@ def test_redis_password_does_not_print_with_the_settings() -> None:
 ])
 def test_redis_tls_and_acl_urls_pass_through(url: str, expect: dict[str, Any]) -> None:
     s = secure_settings(redis_url=url)
-    assert s.redis == url  # unchanged: every agent hands it to redis.Redis.from_url
-    client = redis.Redis.from_url(s.redis, socket_timeout=2, socket_connect_timeout=2)  # as ingest/workers do
+    assert s.redis.address == url  # unchanged: every agent hands it to redis.Redis.from_url
+    client = redis.Redis.from_url(s.redis.address, socket_timeout=2, socket_connect_timeout=2)  # as ingest/workers do
     pool = client.connection_pool
     kw = pool.connection_kwargs
     got = {"username": kw.get("username"), "password": kw.get("password"), "host": kw["host"], "port": kw["port"],

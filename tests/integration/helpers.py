@@ -61,9 +61,9 @@ def wait_ready(settings: Settings, tiers: list[str], timeout: float = 120.0) -> 
 
     from pipeline.adapters.heartbeats import ready_tiers
 
-    r = redis.Redis.from_url(settings.redis)
+    r = redis.Redis.from_url(settings.redis.address)
     deadline = time.monotonic() + timeout
-    while set(ready_tiers(r, settings.redis_prefix, tiers)) != set(tiers):
+    while set(ready_tiers(r, settings.redis.prefix, tiers)) != set(tiers):
         if time.monotonic() > deadline:
             raise TimeoutError(f"workers not ready: {tiers}")
         time.sleep(0.1)

@@ -31,7 +31,7 @@ LOSES = {"delivery.report.only.error": True, "message.timeout.ms": 1000, "log_le
 
 def nowhere(s: Settings) -> Settings:
     """`s` pointing at a port where no broker listens: what is produced there times out undelivered."""
-    return s.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
+    return s.updated(kafka_bootstrap=f"127.0.0.1:{free_port()}")
 
 
 def lose_dead_letters(dlq: DeadLetters, s: Settings) -> None:

@@ -69,7 +69,7 @@ def test_up_then_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
         assert any("tierflow is up" in line for line in lines), "".join(lines)
         kids = descendants(proc.pid)
         names = {Path(f"/proc/{k}/cmdline").read_text().replace("\0", " ") for k in kids if alive(k)}
-        broker = Settings().embedded_broker
+        broker = Settings().embedded.broker
         assert any({"noida": "noida-db", "tansu": "tansu"}[broker] in n for n in names), names
         assert any("valkey" in n for n in names)
         assert sum("pipeline.cli" in n for n in names) >= 5, names  # ingest, 3 workers, feedback

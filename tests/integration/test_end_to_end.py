@@ -132,7 +132,7 @@ def test_routing_rules_on_the_wire(
 
     s = settings_factory()
     t = topics_of(s)
-    ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).vip_add("vip-1")
+    ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix).vip_add("vip-1")
     start_pipeline(s, running, packaged_models)
     c = reader(s, t.answers)
     reqs = [
@@ -161,7 +161,7 @@ def test_unsure_light_answers_escalate_to_heavy(
 
     s = settings_factory()
     t = topics_of(s)
-    ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).update("test", "escalate nearly all",
+    ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix).update("test", "escalate nearly all",
                                                                          escalate_below=0.999)
     start_pipeline(s, running, packaged_models)
     answers_c, results_c = reader(s, t.answers), reader(s, t.results)

@@ -66,7 +66,7 @@ class Traffic:
         self.s = s
         self.topics = topics_of(s)
         self.p = make_producer(s)
-        self.store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+        self.store = ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
         self.rnd = random.Random(seed)
         self.n = 0
         self.records = 0
@@ -169,7 +169,7 @@ def tail(tmp_path: Path, lines: int = 40) -> str:
 
 
 def snapshot(r: redis.Redis, s: Settings) -> dict[str, Any] | None:
-    raw = r.get(Keys(s.redis_prefix).feedback_state)
+    raw = r.get(Keys(s.redis.prefix).feedback_state)
     return orjson.loads(raw) if raw else None
 
 
@@ -184,8 +184,8 @@ def test_agent_moves_thresholds_and_survives_restart(settings_factory: Callable[
                                                       agent_factory: Callable[..., subprocess.Popen[bytes]],
                                                       tmp_path: Path) -> None:
     s = settings_factory()
-    r = redis.Redis.from_url(s.redis)
-    store = ThresholdStore(r, s.redis_prefix)
+    r = redis.Redis.from_url(s.redis.address)
+    store = ThresholdStore(r, s.redis.prefix)
     store.init()
     agent = agent_factory(s, **KNOBS)
     traffic = Traffic(s)
@@ -239,12 +239,12 @@ def test_redis_outage_is_survived(settings_factory: Callable[..., Settings],
                                   agent_factory: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
     # A Redis of its own, to stop and start again.
     port = free_port()
-    s = settings_factory().model_copy(update={"redis_url": None, "redis_port": port, "data_dir": tmp_path})
+    s = settings_factory().updated(redis_url=None, redis_port=port, data_dir=tmp_path)
     own = Stack(s)
     own.start_redis()
     try:
-        r = redis.Redis.from_url(s.redis, socket_timeout=2)
-        ThresholdStore(r, s.redis_prefix).init()
+        r = redis.Redis.from_url(s.redis.address, socket_timeout=2)
+        ThresholdStore(r, s.redis.prefix).init()
         agent = agent_factory(s, **KNOBS)
         traffic = Traffic(s)
         wait_for(lambda: snapshot(r, s), 30, "the agent's first snapshot")
@@ -260,7 +260,7 @@ def test_redis_outage_is_survived(settings_factory: Callable[..., Settings],
         assert agent.poll() is None, "the agent died with Redis"
 
         own.start_redis()
-        r = redis.Redis.from_url(s.redis, socket_timeout=2)
+        r = redis.Redis.from_url(s.redis.address, socket_timeout=2)
         back = wait_for(lambda: (x := snapshot(r, s)) and x, 30, "a snapshot after Redis came back")
         wait_for(lambda: snapshot(r, s)["agg"]["counters"]["observed"] == traffic.records, 10,  # type: ignore[index]
                  "every record, also those of the outage, counted once")
@@ -287,8 +287,8 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
     """A 10x slowdown of the heavy tier: heavy-bound traffic moves off heavy within 5 s and comes back within
     30 s of the slowdown ending; the threshold history shows the shed and the restore with their reasons."""
     s = settings_factory()
-    r = redis.Redis.from_url(s.redis)
-    store = ThresholdStore(r, s.redis_prefix)
+    r = redis.Redis.from_url(s.redis.address)
+    store = ThresholdStore(r, s.redis.prefix)
     # the budget is what the length rule routes heavy at 50 characters: the controller holds still until the slowdown
     # The SLO sits well above the echo pipeline's noise on a loaded 2-core box (a heavy p95 of 287 ms once, with no
     # slowdown, shed traffic a second time), and the slowdown well above the SLO.
@@ -304,10 +304,10 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
         answers = reader(s, topics_of(s).answers)
         with Live(s, "slow", 100, texts=SLOW_TEXTS) as live:
             time.sleep(4)
-            base_p95 = max(b["live_p95_ms"] for b in read_heartbeats(r, s.redis_prefix, "heavy"))
+            base_p95 = max(b["live_p95_ms"] for b in read_heartbeats(r, s.redis.prefix, "heavy"))
             inject = max(800.0, 10 * base_p95)
             start = time.time()
-            r.set(fault_key(s.redis_prefix, "heavy"), str(inject), px=int(SLOWDOWN_S * 1000))
+            r.set(fault_key(s.redis.prefix, "heavy"), str(inject), px=int(SLOWDOWN_S * 1000))
             end = start + SLOWDOWN_S
             time.sleep(SLOWDOWN_S + AFTER_S)
         got = sorted(values(drain(answers, lambda ms: len(ms) >= len(live.sent), timeout=60, settle=1)),

@@ -131,7 +131,7 @@ class KafkajsRead:
 def read_with_kafkajs(client: Client, settings: Settings, topics: Sequence[tuple[str, int]],
                       timeout_s: float = READ_TIMEOUT_S) -> dict[str, KafkajsRead]:
     """`node read.js` on each (topic, count), all at once (each joins a fresh group: on tansu a join takes 15 s)."""
-    procs = {topic: subprocess.Popen([client.node, str(client.script), "--brokers", settings.bootstrap,
+    procs = {topic: subprocess.Popen([client.node, str(client.script), "--brokers", settings.kafka.servers,
                                       "--topic", topic, "--count", str(count),
                                       "--timeout-ms", str(int(timeout_s * 1000))],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -170,9 +170,9 @@ def agents(settings_factory: Callable[..., Settings], tmp_path: Path) -> Iterato
         wait_ready(s, ["light", "heavy"], timeout=120)
         stack.start_agent("ingest", *AGENT_ARGS["ingest"], env=AGENT_ENV)
         # Ingest joined too: requests waiting through its start would look like a slow heavy tier to it.
-        r = redis.Redis.from_url(s.redis)
+        r = redis.Redis.from_url(s.redis.address)
         deadline = time.monotonic() + 60
-        while "ingest" not in ready_agents(r, s.redis_prefix):
+        while "ingest" not in ready_agents(r, s.redis.prefix):
             if stack.dead() or time.monotonic() > deadline:
                 pytest.fail(f"ingest not ready:\n{_logs(stack)}")
             time.sleep(0.1)
@@ -189,7 +189,7 @@ def test_kafkajs_reads_every_answer_and_dead_letter(kafkajs: Client, agents: tup
     """50 requests through the real pipeline; kafkajs (no codecs) reads every answer, dead letter and result."""
     s, stack = agents
     t = topics_of(s)
-    defaults = Settings.model_fields
+    defaults = Settings.flat_fields()
     assert defaults["kafka_output_compression"].default == "none" and defaults["kafka_compression"].default == "lz4"
 
     valid = {f"kjs-{i}": ("heavy" if i % 9 == 4 else "light") for i in range(N_LIGHT + N_HEAVY)}
@@ -271,7 +271,7 @@ def test_kafkajs_crashes_on_lz4_batches_so_the_default_matters(kafkajs: Client,
     default) or with gzip."""
     s = settings_factory()
     n = 10
-    names = {codec: f"{s.topic_prefix}kafkajs-{codec}" for codec in KAFKAJS_CODECS}
+    names = {codec: f"{s.topic.prefix}kafkajs-{codec}" for codec in KAFKAJS_CODECS}
     admin = make_admin(s)
     for fut in admin.create_topics([NewTopic(name, 1, 1) for name in names.values()], operation_timeout=30).values():
         fut.result()

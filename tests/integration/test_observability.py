@@ -144,7 +144,7 @@ def child_env(settings: Settings, metrics_port: int | None = None) -> dict[str, 
 
 def wait_ready(p: Pipeline, timeout: float = 60.0) -> None:
     """Every agent serves /metrics, every tier has a live worker heartbeat, ingest deems heavy healthy."""
-    r = redis.Redis.from_url(p.settings.redis)
+    r = redis.Redis.from_url(p.settings.redis.address)
     deadline = time.monotonic() + timeout
     missing: list[str] = list(AGENTS)
     while missing and time.monotonic() < deadline:
@@ -161,7 +161,7 @@ def wait_ready(p: Pipeline, timeout: float = 60.0) -> None:
             if name == "ingest" and total(sample, "tierflow_heavy_healthy") != 1:
                 missing.append("ingest:heavy_healthy")
         missing += [f"ready:{t}" for t in TIERS
-                    if not any(b["ready"] for b in read_heartbeats(r, p.settings.redis_prefix, t))]
+                    if not any(b["ready"] for b in read_heartbeats(r, p.settings.redis.prefix, t))]
         time.sleep(0.2)
     assert not missing, f"not ready after {timeout:.0f}s: {missing}"
 
@@ -170,8 +170,8 @@ def wait_ready(p: Pipeline, timeout: float = 60.0) -> None:
 @pytest.fixture(scope="module")
 def pipeline(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     tag = uuid.uuid4().hex[:8]
-    s = services.model_copy(update={"topic_prefix": f"t{tag}.", "redis_prefix": f"t{tag}:",
-                                    "data_dir": tmp_path_factory.mktemp("observability")})
+    s = services.updated(topic_prefix=f"t{tag}.", redis_prefix=f"t{tag}:",
+                         data_dir=tmp_path_factory.mktemp("observability"))
     create_topics(s)
     stack = Stack(s)
     p = Pipeline(s, stack, {name: free_port() for name in AGENTS}, child_env(s))

@@ -120,7 +120,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
     # B: a fresh pipeline, live traffic, and a replay of the recorded range.
     s2 = settings_factory(**KEEP)
     t2 = topics_of(s2)
-    r = redis.Redis.from_url(s2.redis)
+    r = redis.Redis.from_url(s2.redis.address)
     replay = ["replay", "--topic", t1.requests, "--from", str(start_ms), "--to", str(end_ms)]
     with echo_pipeline(s2):
         with Live(s2, "during", LIVE_RATE) as during:
@@ -129,7 +129,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
             out = cli(s2, *replay, "--rate", "2500", *([] if guarded else ["--max-live-slowdown", "0"]))
             # The replay lasts until its last request is answered (workers note each in Redis first).
             deadline = time.monotonic() + 120
-            while r.scard(Keys(s2.redis_prefix).replay_answered) < 10_000 and time.monotonic() < deadline:
+            while r.scard(Keys(s2.redis.prefix).replay_answered) < 10_000 and time.monotonic() < deadline:
                 time.sleep(0.1)
             took = time.monotonic() - t0
             time.sleep(1)

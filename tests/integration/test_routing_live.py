@@ -55,7 +55,7 @@ def test_threshold_change_applies_within_a_second(settings_factory: Callable[...
         assert "length_threshold = 100" in out
         # When the new version was written, not when the command started (its interpreter takes seconds to start
         # on a busy box): the second it has to apply counts from there.
-        changed_at = int(ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix).get().updated_at * 1000)
+        changed_at = int(ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix).get().updated_at * 1000)
         time.sleep(3.0)
     got = values(drain(answers, lambda ms: len(ms) >= len(traffic.sent), timeout=60))
     answers.close()
@@ -76,10 +76,10 @@ def _ingested(a: dict[str, Any]) -> int:
 @pytest.fixture
 def own_redis(services: Settings, tmp_path: Any) -> Iterator[tuple[Stack, Settings]]:
     """A Redis of this test's own, so it can be stopped and restarted."""
-    s = services.model_copy(update={"redis_url": None, "redis_port": free_port(), "data_dir": tmp_path})
+    s = services.updated(redis_url=None, redis_port=free_port(), data_dir=tmp_path)
     stack = Stack(s)
     stack.start_redis()
-    yield stack, s.model_copy(update={"redis_url": s.redis})
+    yield stack, s.updated(redis_url=s.redis.address)
     stack.stop()
 
 
@@ -87,9 +87,9 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
                                                          running: Running,
                                                          own_redis: tuple[Stack, Settings]) -> None:
     stack, rs = own_redis
-    s = settings_factory(redis_url=rs.redis)
-    r = redis.Redis.from_url(s.redis, socket_timeout=1, socket_connect_timeout=1)
-    store = ThresholdStore(r, s.redis_prefix)
+    s = settings_factory(redis_url=rs.redis.address)
+    r = redis.Redis.from_url(s.redis.address, socket_timeout=1, socket_connect_timeout=1)
+    store = ThresholdStore(r, s.redis.prefix)
     store.update("test", "route everything light", length_threshold=500)
     answers = reader(s, topics_of(s).answers)
     ingest = running.start(Ingest(s, r=r, health_checks=False))
@@ -102,7 +102,7 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
         time.sleep(3.0)
         assert ingest.cache.stale
         stack.start_redis()  # back, empty: ingest restores its last-known document (v2)
-        fresh = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+        fresh = ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
         deadline = time.monotonic() + 10
         while fresh.get_or_none() is None and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -126,7 +126,7 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
 def test_heavy_outage_degrades_to_light_and_recovers(settings_factory: Callable[..., Settings],
                                                      running: Running) -> None:
     s = settings_factory()
-    store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+    store = ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
     store.update("test", "fast recovery for the test", recover_after_s=1.0)
     answers = reader(s, topics_of(s).answers)
     workers = echo_pipeline(s, running, tiers=(Tier.LIGHT,))
@@ -154,7 +154,7 @@ def under_fault(s: Settings, running: Running, rate: float, ms: int, seconds: in
                 tag: str) -> tuple[float, list[dict[str, Any]]]:
     """An echo pipeline under a 300 ms heavy SLO, heavy-bound live traffic at `rate`, and `ms` of injected
     latency per heavy batch for `seconds` from 2 s in: (when the fault was set, the answers in answer order)."""
-    store = ThresholdStore(redis.Redis.from_url(s.redis), s.redis_prefix)
+    store = ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
     store.update("test", "tight SLO", heavy_slo_p95_ms=300, recover_after_s=1.0)
     answers = reader(s, topics_of(s).answers)
     echo_pipeline(s, running)

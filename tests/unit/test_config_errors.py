@@ -108,7 +108,7 @@ def test_get_settings_raises_config_error(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("bootstrap", ["k1:9093,k2:9093", "[::1]:9092", " h:1 , h:65535", "SSL://h:9093"])
 def test_valid_bootstraps_pass(bootstrap: str) -> None:
-    assert Settings(kafka_bootstrap=bootstrap).kafka_bootstrap == bootstrap
+    assert Settings(kafka_bootstrap=bootstrap).kafka.bootstrap == bootstrap
 
 
 @pytest.mark.parametrize("bootstrap", ["localhost", "h:0", "h:65536", "h:x", ":9092", ","])

@@ -243,19 +243,19 @@ def test_compose_topics_match_topic_specs() -> None:
     topics_svc = services()["topics"]
     assert topics_svc["command"] == ["tierflow", "topics", "create"]
     s = settings_from(topics_svc["environment"])
-    specs = topic_specs(Topics(s.topic_prefix), s.partitions, s.replication_factor, s.max_message_bytes)
+    specs = topic_specs(Topics(s.topic.prefix), s.partitions, s.replication_factor, s.max_message_bytes)
     assert s.replication_factor == 1, "compose runs one broker"
     # Every process sees the topics the init service made: same prefix, partitions and record size.
     for name, svc in long_running_services().items():
         other = settings_from(svc["environment"])
-        assert topic_specs(Topics(other.topic_prefix), other.partitions, other.replication_factor,
+        assert topic_specs(Topics(other.topic.prefix), other.partitions, other.replication_factor,
                            other.max_message_bytes) == specs, name
-        assert (other.kafka_bootstrap, other.redis_url) == (s.kafka_bootstrap, s.redis_url), name
-    assert {Topics(s.topic_prefix).tier(t) for t in Tier} <= {spec.name for spec in specs}
+        assert (other.kafka.bootstrap, other.redis.url) == (s.kafka.bootstrap, s.redis.url), name
+    assert {Topics(s.topic.prefix).tier(t) for t in Tier} <= {spec.name for spec in specs}
     kafka_env = services()["kafka"]["environment"]
     assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", "topics must come from `topics create` only"
     assert int(kafka_env["KAFKA_MESSAGE_MAX_BYTES"]) >= s.max_message_bytes
-    assert s.kafka_bootstrap == "kafka:9092" and "INTERNAL://kafka:9092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+    assert s.kafka.bootstrap == "kafka:9092" and "INTERNAL://kafka:9092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
 
 
 # --- settings / .env.example ---------------------------------------------------------------------------
@@ -276,13 +276,13 @@ def _tierflow_names_used() -> dict[str, set[str]]:
 
 
 def test_every_tierflow_variable_is_a_setting() -> None:
-    fields = {f"TIERFLOW_{f.upper()}" for f in Settings.model_fields}
+    fields = {f"TIERFLOW_{f.upper()}" for f in Settings.flat_fields()}
     typos = {where: sorted(names - fields) for where, names in _tierflow_names_used().items()}
     assert not {k: v for k, v in typos.items() if v}, f"not Settings fields (silently ignored): {typos}"
 
 
 def test_env_example_documents_every_setting_with_valid_values() -> None:
-    fields = {f"TIERFLOW_{f.upper()}" for f in Settings.model_fields}
+    fields = {f"TIERFLOW_{f.upper()}" for f in Settings.flat_fields()}
     assert not fields - documented_env_names(), "add these settings to .env.example"
     settings_from(env_example())  # every value set there parses
     defaults = {m["name"]: m["default"] for m in _INTERPOLATION.finditer(COMPOSE.read_text()) if m["default"]}
@@ -390,7 +390,7 @@ def test_keda_scales_each_tier_on_its_consumer_groups_lag() -> None:
     s = k8s_settings()
     groups = consumer_groups(s)
     assert groups["ingest"] == "tierflow-ingest" and groups["light"] == "tierflow-workers-light"
-    topics = Topics(s.topic_prefix)
+    topics = Topics(s.topic.prefix)
     expected_topic = {"ingest": topics.requests} | {t.value: topics.tier(t) for t in Tier}
     scaled = k8s_by_kind("ScaledObject")
     assert {so["spec"]["scaleTargetRef"]["name"] for so in scaled.values()} == {
@@ -404,7 +404,7 @@ def test_keda_scales_each_tier_on_its_consumer_groups_lag() -> None:
         meta = trigger["metadata"]
         assert trigger["type"] == "kafka"
         assert all(isinstance(v, str) for v in meta.values()), f"{target}: KEDA metadata values are strings"
-        assert meta["bootstrapServers"] == s.kafka_bootstrap, target
+        assert meta["bootstrapServers"] == s.kafka.bootstrap, target
         assert meta["consumerGroup"] == groups[component], target
         assert meta["topic"] == expected_topic[component], target
         # Scaling to zero would hide the tier from ingest's heartbeat-based health; more consumers than
@@ -422,14 +422,14 @@ def test_strimzi_cluster_has_three_brokers_behind_the_configured_bootstrap() -> 
     assert kafka["metadata"]["annotations"]["strimzi.io/node-pools"] == "enabled"
     assert kafka["spec"]["kafka"]["config"]["min.insync.replicas"] == 2
     plain = next(li for li in kafka["spec"]["kafka"]["listeners"] if not li["tls"])
-    assert k8s_settings().kafka_bootstrap == f"{name}-kafka-bootstrap.{ns}.svc:{plain['port']}"
+    assert k8s_settings().kafka.bootstrap == f"{name}-kafka-bootstrap.{ns}.svc:{plain['port']}"
     assert kafka["spec"]["kafka"]["config"]["message.max.bytes"] >= k8s_settings().max_message_bytes
 
 
 def test_strimzi_topics_match_topic_specs() -> None:
     s = k8s_settings()
     assert s.replication_factor == 3
-    specs = topic_specs(Topics(s.topic_prefix), s.partitions, 3, s.max_message_bytes)
+    specs = topic_specs(Topics(s.topic.prefix), s.partitions, 3, s.max_message_bytes)
     cluster = next(iter(k8s_by_kind("Kafka", K8S / "kafka")))
     declared = {}
     for doc in k8s_by_kind("KafkaTopic", K8S / "kafka").values():

@@ -96,9 +96,9 @@ def test_secrets_never_reach_a_json_line(stream: tuple[logging.Logger, io.String
     log, buf = stream
     s = Settings(redis_url="redis://app:redispw@r:6379/0", kafka_sasl_password=SecretStr("kafkapw"),
                  kafka_sasl_username="svc")
-    log.warning("dialling %s with %s", s.redis, s.kafka_config(), extra={"url": s.redis})
+    log.warning("dialling %s with %s", s.redis.address, s.kafka_config(), extra={"url": s.redis.address})
     try:
-        raise ConnectionError(f"AUTH failed for {s.redis}")
+        raise ConnectionError(f"AUTH failed for {s.redis.address}")
     except ConnectionError:
         log.exception("redis down")
     out = buf.getvalue()

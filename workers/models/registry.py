@@ -42,8 +42,7 @@ def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
 
 def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
     """The model a tier's workers run: its main backend, with the multilingual one for Chinese text."""
-    main_name = {Tier.LIGHT: settings.light_model, Tier.HEAVY: settings.heavy_model,
-                 Tier.MULTIMODAL: settings.multimodal_model}[tier]
+    main_name = settings.tier(tier).model
     _check_name(main_name, f"TIERFLOW_{tier.value.upper()}_MODEL")
     if settings.zh_model and main_name not in ("echo", "http"):
         _check_name(settings.zh_model, "TIERFLOW_ZH_MODEL")  # before the main model spends time loading
@@ -52,7 +51,7 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
         model = main
     else:
         model = ByScript(main, build(settings.zh_model, settings, tier))
-    if tier is Tier.HEAVY and settings.heavy_generator:
+    if tier is Tier.HEAVY and settings.heavy.generator:
         from workers.models.generator import with_generator
 
         model = with_generator(model, generator_from_settings(settings))
@@ -60,8 +59,8 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
 
 
 def generator_from_settings(settings: Settings) -> Generator:
-    """The generator `settings.heavy_generator` names: 'smollm2', 'http' or a local model path."""
-    choice = settings.heavy_generator
+    """The generator `settings.heavy.generator` names: 'smollm2', 'http' or a local model path."""
+    choice = settings.heavy.generator
     if not choice:
         raise ConfigError("heavy_generator is not set")
     if choice == "http":
@@ -72,8 +71,8 @@ def generator_from_settings(settings: Settings) -> Generator:
 
     if choice == "smollm2":
         gguf = smollm2_gguf()
-        return CausalLMGenerator(gguf.parent, gguf.name, settings.generator_max_new_tokens, name="smollm2")
-    return CausalLMGenerator.from_path(choice, settings.generator_gguf_file, settings.generator_max_new_tokens)
+        return CausalLMGenerator(gguf.parent, gguf.name, settings.generator.max_new_tokens, name="smollm2")
+    return CausalLMGenerator.from_path(choice, settings.generator.gguf_file, settings.generator.max_new_tokens)
 
 
 def _check_name(name: str, variable: str | None) -> None:
@@ -84,6 +83,6 @@ def _check_name(name: str, variable: str | None) -> None:
 
 def _variable_of(name: str, settings: Settings, tier: Tier) -> str | None:
     """The setting that chose backend `name` for `tier`, for an error message."""
-    if getattr(settings, f"{tier.value}_model", None) == name:
+    if settings.tier(tier).model == name:
         return f"TIERFLOW_{tier.value.upper()}_MODEL"
     return "TIERFLOW_ZH_MODEL" if settings.zh_model == name else None

@@ -260,11 +260,11 @@ def test_last_n_per_model() -> None:
 
 
 def test_agent_state_survives_a_restart_and_counts_nothing_twice() -> None:
-    from pipeline.agents.feedback import Feedback, FeedbackConfig
+    from pipeline.agents.feedback import Feedback
     from pipeline.settings import Settings
 
-    s = Settings(topic_prefix="t.")
-    first = Feedback(s, FeedbackConfig(window_s=60))
+    s = Settings(topic_prefix="t.", feedback_window_s=60)
+    first = Feedback(s)
     first.agg.shadow_rate = 1.0
     rows = [orjson.dumps(rec(f"r{i}", label="a" if i % 3 else None, intent="a")) for i in range(30)]
     first.add("t.labels", 0, 0, orjson.dumps({"request_id": "seen", "intent": "a"}), NOW, NOW)
@@ -273,7 +273,7 @@ def test_agent_state_survives_a_restart_and_counts_nothing_twice() -> None:
     first.add("t.results", 0, 99, b"not json", NOW, NOW)
     snap = first.snapshot(NOW)
 
-    second = Feedback(s, FeedbackConfig(window_s=60))
+    second = Feedback(s)
     second.restore(snap)
     assert second.restored and second.agg.to_json() == first.agg.to_json()
     for off, raw in enumerate(rows[:10]):  # re-delivered after the restart: skipped
