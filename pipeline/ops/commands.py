@@ -372,12 +372,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         Replayer,
         Source,
         TopicSource,
-        accuracy_table,
         job_name,
         parse_offsets,
         parse_when,
-        wait_for_results,
     )
+    from pipeline.ops.replay_results import accuracy_table, wait_for_results
 
     s = settings_of(args)
     check_reachable(s.kafka.servers, "Kafka")

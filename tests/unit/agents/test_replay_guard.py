@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline.adapters.heartbeats import LatencyWindow
-from pipeline.agents.replay import LiveGuard, Pacer, RateControl, TierLatency, first_offset_at
+from pipeline.agents.replay import first_offset_at
 from pipeline.core.backfill import BackfillGate
+from pipeline.core.pacing import LiveGuard, Pacer, RateControl, TierLatency
 
 
 class Clock:
@@ -249,3 +250,15 @@ def test_pacer_sends_a_tenth_of_a_second_at_a_time(monkeypatch: pytest.MonkeyPat
     pacer.rate = 50.0
     assert pacer.chunk_size() == 5
     assert Pacer(None).chunk_size() == 500
+
+
+def test_live_latency_reads_nothing_while_redis_is_unreachable() -> None:
+    """The guard then holds its rate (no heartbeat newer than the last): a Redis outage neither stops a replay
+    nor lets it speed up blind."""
+    import redis
+
+    from pipeline.agents.replay import read_live_latency
+    from pipeline.ops.devstack import free_port
+
+    r = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    assert read_live_latency(r, "tierflow") == ({}, 0.0)
