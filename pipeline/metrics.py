@@ -8,10 +8,39 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+class OwnedGauge:
+    """An unlabelled gauge exported only by the process that owns it: created (and registered) on its first set.
+
+    prometheus_client exports a plain Gauge at 0 from every process that imports this module, so an aggregate
+    over all of tierflow's processes (`min(tierflow_heavy_healthy)`) would read the non-owners' 0s: a false
+    alert on a healthy stack, and 0 instead of "No data" when the owner is dead.
+    """
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name, self.documentation = name, documentation
+        self._gauge: Gauge | None = None
+
+    def _get(self) -> Gauge:
+        if self._gauge is None:
+            self._gauge = Gauge(self.name, self.documentation)
+        return self._gauge
+
+    def set(self, value: float) -> None:
+        self._get().set(value)
+
+    @property
+    def exported(self) -> bool:
+        return self._gauge is not None
+
+    def describe(self) -> list[Metric]:
+        return list(Gauge(self.name, self.documentation, registry=None).describe())
+
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -23,7 +52,7 @@ DEGRADED = Counter("tierflow_degraded_total", "Heavy-bound requests sent to ligh
                    ["reason"])
 DLQ = Counter("tierflow_dlq_total", "Records dead-lettered, by stage and error kind", ["stage", "kind"])
 ROUTE_SECONDS = Histogram("tierflow_route_seconds", "Ingest time per consumed batch", buckets=_LATENCY_BUCKETS)
-HEAVY_HEALTHY = Gauge("tierflow_heavy_healthy", "1 while ingest considers the heavy tier healthy")
+HEAVY_HEALTHY = OwnedGauge("tierflow_heavy_healthy", "1 while ingest considers the heavy tier healthy")
 
 # --- workers ---
 INFERENCE_SECONDS = Histogram("tierflow_inference_seconds", "Model time per message (batch time / size)",
@@ -43,12 +72,13 @@ WORKER_UP = Gauge("tierflow_worker_heartbeat_timestamp_seconds", "Last heartbeat
 
 # --- thresholds / feedback ---
 THRESHOLD = Gauge("tierflow_threshold", "Current threshold values", ["name"])
-THRESHOLD_VERSION = Gauge("tierflow_threshold_version", "Version of the thresholds in use")
-THRESHOLDS_STALE = Gauge("tierflow_thresholds_stale", "1 while Redis is unreachable and last-known values serve")
+THRESHOLD_VERSION = OwnedGauge("tierflow_threshold_version", "Version of the thresholds in use")
+THRESHOLDS_STALE = OwnedGauge("tierflow_thresholds_stale",
+                              "1 while Redis is unreachable and last-known values serve")
 MODEL_SCORE = Gauge("tierflow_model_score", "The design article's score per model", ["tier", "model"])
 ACCURACY = Gauge("tierflow_accuracy", "Windowed accuracy against ground truth (or agreement proxy)",
                  ["tier", "source"])
-HEAVY_SHARE = Gauge("tierflow_heavy_share", "Share of final answers from the heavy tier in the window")
+HEAVY_SHARE = OwnedGauge("tierflow_heavy_share", "Share of final answers from the heavy tier in the window")
 TIER_P95 = Gauge("tierflow_tier_latency_p95_seconds", "Windowed p95 end-to-end latency per tier", ["tier"])
 
 # --- infrastructure ---

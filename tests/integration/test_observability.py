@@ -242,6 +242,16 @@ def test_metrics_add_up_across_processes(pipeline: Pipeline, traffic: dict[str, 
     assert sum(total(traffic[f"worker-{t}"], "tierflow_batch_size_count") for t in TIERS) < N_VALID
 
 
+def test_a_gauge_is_exported_only_by_the_process_that_owns_it(pipeline: Pipeline,
+                                                                traffic: dict[str, Scrape]) -> None:
+    """`min(tierflow_heavy_healthy)` over every process is ingest's verdict (1 on this healthy stack), not the
+    other processes' default 0; `max(tierflow_heavy_share)` is the feedback agent's."""
+    exporters = {name: {n for n, _ in sample} for name, sample in traffic.items()}
+    assert [n for n, names in exporters.items() if "tierflow_heavy_healthy" in names] == ["ingest"]
+    assert min(v for sample in traffic.values() for (n, _), v in sample.items() if n == "tierflow_heavy_healthy") == 1
+    assert [n for n, names in exporters.items() if "tierflow_heavy_share" in names] in ([], ["feedback"])
+
+
 def test_agents_log_json_lines(pipeline: Pipeline, traffic: dict[str, Scrape]) -> None:
     """TIERFLOW_LOG_JSON=true: the agents' own log lines are JSON objects (librdkafka's stay raw)."""
     for name in AGENTS:

@@ -144,7 +144,7 @@ def exported_series() -> frozenset[str]:
     suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
     names = set()
     for obj in vars(metrics).values():
-        if isinstance(obj, MetricWrapperBase):
+        if isinstance(obj, MetricWrapperBase | metrics.OwnedGauge):
             for family in obj.describe():
                 names |= {family.name + s for s in suffixes[family.type]}
     return frozenset(names)
