@@ -25,6 +25,9 @@ RUN pip install --no-deps . && pip check
 
 FROM ${PYTHON_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# The source commit, for `tierflow --version` and tierflow_build_info (the image has no .git):
+# docker build --build-arg TIERFLOW_BUILD_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG TIERFLOW_BUILD_COMMIT=unknown
 LABEL org.opencontainers.image.title="tierflow" \
       org.opencontainers.image.description="Kafka-driven hybrid inference: ingest, tier workers, feedback" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -43,7 +46,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     TIERFLOW_METRICS_PORT=9100 \
     TIERFLOW_DATA_DIR=/tmp/tierflow \
-    TIERFLOW_LOG_JSON=true
+    TIERFLOW_LOG_JSON=true \
+    TIERFLOW_BUILD_COMMIT=${TIERFLOW_BUILD_COMMIT}
 USER 10001:10001
 WORKDIR /home/tierflow
 EXPOSE 9100

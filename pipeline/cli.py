@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
 from pipeline.ops import commands, up
-from pipeline.ops.commands import BENCHES, settings_of, setup_logging
+from pipeline.ops.commands import BENCHES, interrupted, settings_of, setup_logging
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -41,12 +41,23 @@ def _env_help(text: str, env: str) -> str:
 
 
 # --------------------------------------------------------------------------- parser
+class _Version(argparse.Action):
+    """--version, resolved only when asked (git is not run for every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from pipeline.version import describe
+
+        print(describe())  # to stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tierflow",
         description="Hybrid inference on Kafka: route each customer message to the cheapest model tier "
                     "that is good enough.",
     )
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and the source commit, exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
@@ -179,7 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("train", "Train the light, heavy and multilingual heads on a text,category CSV.")
     sp.add_argument("--data", type=Path, required=True, help="training CSV with columns text,category")
     sp.add_argument("--test", type=Path, help="test CSV (default: a held-out split of --data)")
-    sp.add_argument("--out", type=Path, default=Path("artifacts"), help="artefact directory (./artifacts)")
+    # The training command's own flags (workers/training/run.py build_parser; a test keeps the two equal). No
+    # default for --out: unset, training picks TIERFLOW_ARTIFACTS_DIR or ./artifacts and says how to serve it.
+    sp.add_argument("--out", type=Path, help="artefact root; a new version directory goes under it "
+                                             "[env: TIERFLOW_ARTIFACTS_DIR] (default ./artifacts)")
+    sp.add_argument("--models", help="comma list of: charngram, minilm, e5 (default: all)")
+    sp.add_argument("--seed", type=int, help="sampling and initialisation seed (0)")
+    sp.add_argument("--epochs", type=int, help="MiniLM fine-tuning epochs")
     return p
 
 
@@ -190,20 +207,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for warning in unknown_env():
         print(f"tierflow: warning: {warning}", file=sys.stderr)
+    json_logs = False
     try:
         settings = settings_of(args)  # a wrong TIERFLOW_* variable raises ConfigError here, one line each
         setup_logging(settings)
+        json_logs = settings.log_json
         code: int = COMMANDS[args.command](args)
-        return code
+        # Stopped by Ctrl-C: the shell's convention (128 + SIGINT), also when the command wound down cleanly
+        return 130 if code == 0 and interrupted() else code
     except (ServiceUnavailable, ConfigError, InvalidThresholds) as e:
-        for line in str(e).splitlines() or [""]:
-            print(f"tierflow {args.command}: {line}", file=sys.stderr)
+        _fatal(args.command, str(e).splitlines() or [""], json_logs)
         return 2
     except TierflowError as e:
-        print(f"tierflow {args.command}: {e.__class__.__name__}: {e}", file=sys.stderr)
+        _fatal(args.command, [f"{e.__class__.__name__}: {e}"], json_logs)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _fatal(command: str, lines: list[str], json_logs: bool) -> None:
+    """A fatal error, one line each: JSON log records when logs are JSON (a log pipeline parses every line of
+    the process), else `tierflow CMD: ...` on stderr."""
+    if json_logs:
+        import logging
+
+        for line in lines:
+            logging.getLogger("tierflow").error("tierflow %s: %s", command, line)
+        return
+    for line in lines:
+        print(f"tierflow {command}: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

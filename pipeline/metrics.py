@@ -7,7 +7,7 @@ import os
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.metrics_core import Metric
 
 from pipeline.errors import ConfigError
@@ -82,6 +82,7 @@ HEAVY_SHARE = OwnedGauge("tierflow_heavy_share", "Share of final answers from th
 TIER_P95 = Gauge("tierflow_tier_latency_p95_seconds", "Windowed p95 end-to-end latency per tier", ["tier"])
 
 # --- infrastructure ---
+BUILD = Info("tierflow_build", "The running build (exported as tierflow_build_info{version,commit} 1)")
 BROKER_ERRORS = Counter("tierflow_broker_errors_total", "Kafka client errors", ["component", "code"])
 REDIS_ERRORS = Counter("tierflow_redis_errors_total", "Redis errors", ["component"])
 SKIPPED = Counter("tierflow_skipped_total", "Records skipped: neither processable nor writable to the DLQ, even cut",
@@ -94,6 +95,9 @@ def serve(port: int | None) -> None:
     """Expose /metrics on `port` (no-op for None). Multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set."""
     if port is None:
         return
+    from pipeline.version import commit, version
+
+    BUILD.info({"version": version(), "commit": commit()})
     try:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import CollectorRegistry, multiprocess

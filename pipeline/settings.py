@@ -401,7 +401,9 @@ def get_settings() -> Settings:
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # TIERFLOW_* variables that are read outside Settings (by the tests and their tooling): not misspellings.
-NOT_SETTINGS = frozenset({"TIERFLOW_TEST_BOOTSTRAP", "TIERFLOW_TEST_REDIS_URL", "TIERFLOW_RELIABILITY_JSON"})
+# Read by the tests, the reliability harness and pipeline/version.py (the image's source commit), not settings.
+NOT_SETTINGS = frozenset({"TIERFLOW_TEST_BOOTSTRAP", "TIERFLOW_TEST_REDIS_URL", "TIERFLOW_RELIABILITY_JSON",
+                          "TIERFLOW_BUILD_COMMIT"})
 
 
 def env_name(field: str) -> str:

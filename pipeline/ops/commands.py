@@ -68,9 +68,19 @@ def _redis(settings: Settings) -> Any:
     return make_redis(settings, command=True)
 
 
+_interrupted = threading.Event()
+
+
+def interrupted() -> bool:
+    """Whether a SIGINT (Ctrl-C) stopped the command: it then exits 130, as a shell expects."""
+    return _interrupted.is_set()
+
+
 def stop_on_signals(stop: Callable[[], None]) -> None:
     """Call `stop` on SIGTERM and SIGINT (instead of KeyboardInterrupt): the command winds down by itself."""
     def handler(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            _interrupted.set()
         stop()
 
     signal.signal(signal.SIGTERM, handler)
@@ -359,9 +369,10 @@ def cmd_fault(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from workers.training.run import main as train_main
 
-    argv = ["--data", str(args.data), "--out", str(args.out)]
-    if args.test:
-        argv += ["--test", str(args.test)]
+    argv = ["--data", str(args.data)]
+    for flag in ("test", "out", "models", "seed", "epochs"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
     return train_main(argv)
 
 

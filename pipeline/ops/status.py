@@ -393,8 +393,9 @@ def render(frame: Frame) -> RenderableType:
 
 # --------------------------------------------------------------------------- command
 def main(settings: Settings, once: bool = False, interval_s: float = 1.0, console: Console | None = None) -> int:
-    """`tierflow status`: redraw every `interval_s` until Ctrl-C; `once`: print one frame (after about
-    two seconds of data) and return 0. Raises ServiceUnavailable when Kafka or Redis is unreachable."""
+    """`tierflow status`: redraw every `interval_s` until Ctrl-C (then 130, the shell's convention); `once`: print
+    one frame (after about two seconds of data) and return 0. Raises ServiceUnavailable when Kafka or Redis is
+    unreachable."""
     # Ctrl-C sets `stop` from the start, so that it is honoured between steps and every consumer is closed:
     # a KeyboardInterrupt in the middle of librdkafka's start-up left its consumers to exit unclosed, and
     # that exit hung (measured: no exit 15 s after SIGINT on a loaded box). A second Ctrl-C interrupts at once.
@@ -414,17 +415,18 @@ def main(settings: Settings, once: bool = False, interval_s: float = 1.0, consol
         status = Status(settings).start()
         if once:
             status.collect(ONCE_COLLECT_S, stop)
-            if not stop.is_set():
-                console.print(render(status.frame()))
+            if stop.is_set():
+                return 130
+            console.print(render(status.frame()))
             return 0
         status.collect(0.5, stop)
         with Live(render(status.frame()), console=console, refresh_per_second=4, transient=False) as live:
             while not stop.is_set():
                 status.collect(max(0.1, interval_s), stop)
                 live.update(render(status.frame()))
-        return 0
+        return 130
     except KeyboardInterrupt:
-        return 0
+        return 130
     finally:
         signal.signal(signal.SIGINT, previous)
         if status is not None:

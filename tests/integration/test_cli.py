@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,21 @@ def test_demo_answers_every_sample(tmp_path: Path) -> None:
     for s in SAMPLES:
         assert s["id"] in out.stdout
     assert "routing summary" in out.stdout and "multimodal=1" in out.stdout
+
+
+def test_ctrl_c_stops_a_following_command_with_130(settings_factory: Callable[..., Settings]) -> None:
+    """`tierflow answers --follow` runs until stopped; Ctrl-C winds it down cleanly (consumer closed, no
+    traceback) and exits 128 + SIGINT, as a shell and a supervisor expect of an interrupted command."""
+    s = settings_factory()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "answers", "--follow"], env=s.with_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(5)  # past Python's imports: an interrupted import is Python's, not the command's
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
