@@ -15,6 +15,7 @@ and `auto.offset.reset=latest` relies on them.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -128,8 +129,8 @@ class TopicTail:
 @dataclass(frozen=True)
 class TierView:
     tier: str
-    workers: int
-    ready: int  # workers with their model loaded and partitions assigned
+    workers: int | None  # None: Redis unreachable, so the heartbeats (and this count) are unknown
+    ready: int | None  # workers with their model loaded and partitions assigned
     models: str
     answers: int  # final answers in the window
     rate: float  # answers/s over the window
@@ -266,20 +267,22 @@ class Status:
         notes = [f"topic {tail.topic} does not exist: is the pipeline up? (tierflow topics create)"
                  for tail in (self.results, self.dlq) if tail.missing]
         notes += [*self.results.errors, *self.dlq.errors]
-        beats: dict[str, list[HeartbeatDoc]] = {}
+        beats: dict[str, list[HeartbeatDoc]] | None = None
         thresholds = None
         try:
-            for tier in _TIERS:
-                beats[tier] = read_heartbeats(self.r, self.s.redis.prefix, tier)
+            beats = {tier: read_heartbeats(self.r, self.s.redis.prefix, tier) for tier in _TIERS}
             raw = self.r.get(Keys(self.s.redis.prefix).thresholds)
             thresholds = Thresholds.model_validate_json(raw) if raw else None
             if raw is None:
                 notes.append("no thresholds in Redis yet (ingest writes the defaults when it starts)")
         except (redis.RedisError, OSError) as e:
-            notes.append(f"Redis unreachable at {scrub(self.s.redis.address)}: {scrub(str(e)) or e.__class__.__name__}")
+            beats = None  # not "0 workers": answers may well be flowing
+            notes.append(f"Redis unreachable at {scrub(self.s.redis.address)}: worker counts, lag and thresholds "
+                         f"unknown ({scrub(str(e)) or e.__class__.__name__})")
         except ValueError as e:
             notes.append(f"thresholds in Redis are invalid: {e}")
-        tiers = [self._tier_view(t, beats.get(t), start_ms, window, now_ms) for t in _TIERS]
+        tiers = [self._tier_view(t, None if beats is None else beats.get(t, []), start_ms, window, now_ms)
+                 for t in _TIERS]
         return Frame(at=now, window_s=window, tiers=tiers, thresholds=thresholds,
                      dlq_rate=len(self._dlq_times) / self.window_s, dead_letters=list(self._dead)[::-1],
                      source=f"{self.s.kafka.servers}  {scrub(self.s.redis.address)}  topics {self.s.topic.prefix}*",
@@ -293,8 +296,8 @@ class Status:
         models = sorted({f"{b['model']}@{b['device']}" for b in beats or []})
         return TierView(
             tier=tier,
-            workers=len(beats or []),
-            ready=sum(1 for b in beats or [] if b["ready"]),
+            workers=None if beats is None else len(beats),
+            ready=None if beats is None else sum(1 for b in beats if b["ready"]),
             models=", ".join(models),
             answers=len(mine),
             rate=len(mine) / window,
@@ -322,36 +325,65 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m ago" if seconds < 7200 else f"{seconds / 3600:.0f}h ago"
 
 
-def render(frame: Frame) -> RenderableType:
-    """The frame as rich renderables: header, tier table, shares and rates, thresholds, dead letters."""
+NARROW = 100  # below this many columns the tier table drops the worker p95 and moves the models below it
+
+
+def _slo(th: Thresholds | None, tier: str) -> float | None:
+    if th is None:
+        return None
+    return {Tier.LIGHT.value: th.light_slo_p95_ms, Tier.HEAVY.value: th.heavy_slo_p95_ms}.get(tier)
+
+
+def _workers(t: TierView, narrow: bool) -> Text:
+    if t.workers is None or t.ready is None:
+        return Text("?", style="yellow")
+    joining = t.workers - t.ready
+    extra = (f" +{joining}" if narrow else f" ({joining} joining)") if joining else ""
+    return Text(f"{t.ready if narrow and joining else t.workers}{extra}", style="" if t.ready else "red")
+
+
+def render(frame: Frame, width: int | None = None) -> RenderableType:
+    """The frame as rich renderables: header, tier table, shares and rates, thresholds, dead letters.
+
+    `width` (the terminal's columns): under NARROW, a layout that fits 80 columns (short headers, no worker p95,
+    the models on a line of their own) instead of one whose every column rich would cut to "…".
+    """
     th = frame.thresholds
+    narrow = width is not None and width < NARROW
     header = Text.assemble(("tierflow status", "bold"), f"  {time.strftime('%H:%M:%S', time.localtime(frame.at))}"
                            f"  window {frame.window_s:.0f}s  ", (frame.source, "dim"))
     table = Table(box=box.SIMPLE_HEAD, expand=False, header_style="bold", pad_edge=False)
-    for name, justify in (("tier", "left"), ("workers", "right"), ("answers/s", "right"), ("p95 ms", "right"),
-                          ("worker p95", "right"), ("lag", "right"), ("escalated", "right"),
-                          ("degraded", "right"), ("last answer", "right"), ("model", "left")):
+    columns = ((("tier", "left"), ("workers", "right"), ("ans/s", "right"), ("p95 ms", "right"), ("lag", "right"),
+                ("esc", "right"), ("deg", "right"), ("last", "right")) if narrow else
+               (("tier", "left"), ("workers", "right"), ("answers/s", "right"), ("p95 ms", "right"),
+                ("worker p95", "right"), ("lag", "right"), ("escalated", "right"), ("degraded", "right"),
+                ("last answer", "right"), ("model", "left")))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for t in frame.tiers:
-        slo = getattr(th, f"{t.tier}_slo_p95_ms", None) if th else None
-        p95_style = "red" if slo and t.p95_ms and t.p95_ms > slo else ""
-        table.add_row(
-            t.tier,
-            Text(str(t.workers) + (f" ({t.workers - t.ready} joining)" if t.ready < t.workers else ""),
-                 style="" if t.ready else "red"),
-            f"{t.rate:.1f}",
-            Text(_num(t.p95_ms), style=p95_style),
-            _num(t.worker_p95_ms),
-            _num(t.lag, "{:d}"),
-            str(t.escalated),
+        slo = _slo(th, t.tier)
+        cells: list[str | Text] = [
+            t.tier, _workers(t, narrow), f"{t.rate:.1f}",
+            Text(_num(t.p95_ms), style="red" if slo and t.p95_ms and t.p95_ms > slo else ""),
+            *([] if narrow else [_num(t.worker_p95_ms)]),
+            _num(t.lag, "{:d}"), str(t.escalated),
             Text(str(t.degraded), style="yellow" if t.degraded else ""),
-            _ago(t.last_answer_s),
-            Text(t.models or "-", style="dim"),
-        )
-    table.add_row("all", str(sum(t.workers for t in frame.tiers)), f"{frame.rate:.1f}",
-                  _num(max((t.p95_ms for t in frame.tiers if t.p95_ms is not None), default=None)), "",
-                  _num(sum(t.lag or 0 for t in frame.tiers), "{:d}"), str(sum(t.escalated for t in frame.tiers)),
-                  str(sum(t.degraded for t in frame.tiers)), "", "", style="bold")
+            _ago(t.last_answer_s).removesuffix(" ago") if narrow else _ago(t.last_answer_s),
+            *([] if narrow else [Text(t.models or "-", style="dim")]),
+        ]
+        table.add_row(*cells)
+    known = all(t.workers is not None for t in frame.tiers)
+    total: list[str | Text] = [
+        "all", str(sum(t.workers or 0 for t in frame.tiers)) if known else "?", f"{frame.rate:.1f}",
+        _num(max((t.p95_ms for t in frame.tiers if t.p95_ms is not None), default=None)),
+        *([] if narrow else [""]),
+        _num(sum(t.lag or 0 for t in frame.tiers), "{:d}") if known else "?",
+        str(sum(t.escalated for t in frame.tiers)), str(sum(t.degraded for t in frame.tiers)), "",
+        *([] if narrow else [""]),
+    ]
+    table.add_row(*total, style="bold")
+    models = (Text.assemble(("models ", "bold"), "  ".join(f"{t.tier} {t.models or '-'}" for t in frame.tiers),
+                            style="dim") if narrow and any(t.models for t in frame.tiers) else None)
 
     share = frame.heavy_share
     budget = th.heavy_budget if th else None
@@ -374,7 +406,7 @@ def render(frame: Frame) -> RenderableType:
                             f" by {th.updated_by} ({th.reason})", pins, "\n  ", values)
     else:
         thr = Text("thresholds: -", style="dim")
-    parts: list[RenderableType] = [header, table, shares, thr]
+    parts: list[RenderableType] = [header, table, *([models] if models is not None else []), shares, thr]
     if frame.dead_letters:
         dl = Table(box=box.SIMPLE_HEAD, title="last dead letters", title_justify="left", title_style="bold",
                    header_style="bold", show_edge=False, pad_edge=False)
@@ -411,19 +443,22 @@ def main(settings: Settings, once: bool = False, interval_s: float = 1.0, consol
     try:
         check_reachable(settings.kafka.servers, "Kafka")
         check_reachable(settings.redis.address, "Redis")
-        console = console or Console(file=sys.stdout, width=None if sys.stdout.isatty() else 140)
+        # Piped: 140 columns (the full table) unless COLUMNS says otherwise; a terminal: its own width.
+        console = console or Console(file=sys.stdout,
+                                     width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
         status = Status(settings).start()
         if once:
             status.collect(ONCE_COLLECT_S, stop)
             if stop.is_set():
                 return 130
-            console.print(render(status.frame()))
+            console.print(render(status.frame(), console.width))
             return 0
         status.collect(0.5, stop)
-        with Live(render(status.frame()), console=console, refresh_per_second=4, transient=False) as live:
+        with Live(render(status.frame(), console.width), console=console, refresh_per_second=4,
+                  transient=False) as live:
             while not stop.is_set():
                 status.collect(max(0.1, interval_s), stop)
-                live.update(render(status.frame()))
+                live.update(render(status.frame(), console.width))
         return 130
     except KeyboardInterrupt:
         return 130

@@ -300,6 +300,11 @@ def test_status_once_renders_the_running_pipeline(pipeline: Pipeline, traffic: d
     assert re.search(r"thresholds v\d+", frame) and "length_threshold=50" in frame, frame
     assert "last dead letters" in frame and re.search(r"(schema|encoding|not_json) +ingest", frame), frame
     assert took < 20
+    # an 80x24 terminal: the narrow layout, no value cut to "…"
+    narrow = pipeline.cli("status", "--once", env=dict(pipeline.env, COLUMNS="80"), timeout=30)
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(map(len, narrow.stdout.splitlines())) <= 80 and "…" not in narrow.stdout, narrow.stdout
+    assert all(t in narrow.stdout for t in TIERS) and "echo@" in narrow.stdout, narrow.stdout
     pipeline.drained(timeout=30)
 
 

@@ -1,0 +1,81 @@
+"""`tierflow status` on an 80x24 terminal, and with Redis down: a snapshot of the rendered frame (regenerate with
+TIERFLOW_UPDATE_SNAPSHOTS=1 after an intended change, and read the diff)."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pipeline.core.thresholds import Thresholds
+from pipeline.ops.status import DeadLetter, Frame, TierView, render
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+AT = 1_796_160_000.0  # a fixed instant, shown in UTC
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+
+
+def frame(redis_up: bool = True) -> Frame:
+    def view(tier: str, workers: int, ready: int, models: str, answers: int, p95: float, lag: int, esc: int,
+             deg: int) -> TierView:
+        return TierView(tier, workers if redis_up else None, ready if redis_up else None,
+                        models if redis_up else "", answers, answers / 10.0, p95,
+                        p95 * 0.9 if redis_up else None, lag if redis_up else None, esc, deg, 0.4)
+
+    tiers = [view("light", 2, 2, "charngram@cpu", 1234, 38.0, 12, 151, 0),
+             view("heavy", 3, 2, "minilm+smollm2@cuda", 412, 3480.0, 2210, 0, 37),
+             view("multimodal", 1, 1, "ocr+charngram@cpu", 25, 212.0, 0, 3, 0)]
+    notes = [] if redis_up else ["Redis unreachable at redis://10.0.0.5:6379/0: worker counts, lag and thresholds "
+                                 "unknown (Error 111 connecting to 10.0.0.5:6379. Connection refused.)"]
+    return Frame(at=AT, window_s=10.0, tiers=tiers, thresholds=Thresholds() if redis_up else None, dlq_rate=0.3,
+                 dead_letters=[DeadLetter(int(AT * 1000) - 4000, "schema", "ingest",
+                                          "text: Input should be a valid string (2 errors)")],
+                 source="tierflow-kafka-bootstrap.kafka.svc:9092  redis://10.0.0.5:6379/0  topics tierflow.*",
+                 notes=notes)
+
+
+def shown(f: Frame, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None, record=True)
+    console.print(render(f, width))
+    return console.export_text()
+
+
+def check(name: str, text: str) -> None:
+    path = SNAPSHOTS / name
+    if os.environ.get("TIERFLOW_UPDATE_SNAPSHOTS") or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with TIERFLOW_UPDATE_SNAPSHOTS=1 if intended"
+
+
+@pytest.mark.parametrize("redis_up", [True, False], ids=["healthy", "redis-down"])
+def test_status_fits_80_columns_without_cutting_a_value(redis_up: bool) -> None:
+    text = shown(frame(redis_up), 80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in text, "a column was cut"
+    for value in ("light", "heavy", "multimodal", "123.4", "3480", "2210" if redis_up else "?"):
+        assert value in text, value
+    check(f"status_80_{'healthy' if redis_up else 'redis_down'}.txt", text)
+
+
+def test_with_redis_down_the_worker_counts_are_unknown_not_zero() -> None:
+    text = shown(frame(redis_up=False), 80)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith(" ") and line.strip()}
+    assert rows["light"][1] == "?" and rows["heavy"][1] == "?" and rows["all"][1] == "?"
+    assert "worker counts, lag and thresholds unknown" in " ".join(text.split())
+
+
+def test_a_wide_terminal_keeps_the_full_table() -> None:
+    text = shown(frame(), 160)
+    assert "worker p95" in text and "minilm+smollm2@cuda" in text and "(1 joining)" in text
+    assert max(len(line) for line in text.splitlines()) <= 160 and "…" not in text
