@@ -223,6 +223,8 @@ class FeedbackSection(Section):
     """The feedback agent (`tierflow feedback`, pipeline/agents/feedback.py)."""
 
     window_s: float = Field(30.0, gt=0, description="statistics window (hopping)")
+    max_window_s: float = Field(300.0, gt=0, description="how far the window widens while it holds fewer than "
+                                                         "min_results text answers (low traffic)")
     hop_s: float = Field(2.0, gt=0, description="window hop (bucket length)")
     interval_s: float = Field(2.0, gt=0, description="control loop period; also the snapshot period")
     take_max: int = Field(2000, ge=1, description="records per processed batch")

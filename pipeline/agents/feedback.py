@@ -70,6 +70,7 @@ WHO = "feedback"
 def agg_config(fb: FeedbackSection) -> AggConfig:
     """The windows and joins of the statistics, from the agent's settings."""
     return AggConfig(window_ms=int(fb.window_s * 1000), hop_ms=int(min(fb.hop_s, fb.window_s) * 1000),
+                     max_window_ms=int(max(fb.max_window_s, fb.window_s) * 1000),
                      last_n=fb.last_n, label_ttl_ms=int(fb.label_ttl_s * 1000),
                      shadow_ttl_ms=int(fb.shadow_ttl_s * 1000), max_pending=fb.max_pending)
 
@@ -195,9 +196,11 @@ class Feedback:
 
     # --- control ---
     def measure(self, now_ms: int) -> tuple[WindowStats, WindowStats]:
-        """Expire old data; summarize the window and its last `observe_s` (event loop; pure)."""
+        """Expire old data; summarize the window (widened at low traffic until it holds the controller's
+        `min_results`, up to `max_window_s`) and its last `observe_s` (event loop; pure)."""
         self.agg.expire(now_ms)
-        return self.agg.window(now_ms), self.agg.window(now_ms, int(self.ctl_cfg.observe_s * 1000))
+        w, _ = self.agg.sized_window(now_ms, self.ctl_cfg.min_results)
+        return w, self.agg.window(now_ms, int(self.ctl_cfg.observe_s * 1000))
 
     def control_io(self, w: WindowStats, recent: WindowStats, after: AfterChange | None,
                    now_s: float) -> TickResult:

@@ -498,6 +498,9 @@ class AggConfig:
 
     window_ms: int = 30_000
     hop_ms: int = 2_000
+    # How far back a window may reach when traffic is low (`Aggregator.sized_window`): the buckets are kept this
+    # long. None: the window alone (every window is window_ms).
+    max_window_ms: int | None = None
     last_n: int = 500  # outcomes per model kept for the score
     label_ttl_ms: int = 300_000  # how long a label or a result waits for its partner
     shadow_ttl_ms: int = 60_000
@@ -507,6 +510,13 @@ class AggConfig:
     def __post_init__(self) -> None:
         if self.hop_ms <= 0 or self.window_ms < self.hop_ms:
             raise ValueError("need 0 < hop_ms <= window_ms")
+        if self.max_window_ms is not None and self.max_window_ms < self.window_ms:
+            raise ValueError("need max_window_ms >= window_ms")
+
+    @property
+    def retain_ms(self) -> int:
+        """How long buckets are kept: the longest window asked of them."""
+        return max(self.window_ms, self.max_window_ms or 0)
 
 
 @dataclass
@@ -585,7 +595,7 @@ class Aggregator:
     def _bucket(self, at_ms: int, now_ms: int) -> Bucket | None:
         at = now_ms if at_ms <= 0 or at_ms > now_ms + self.cfg.future_slack_ms else at_ms
         start = at - at % self.cfg.hop_ms
-        if start <= now_ms - self.cfg.window_ms:
+        if start <= now_ms - self.cfg.retain_ms:
             return None
         b = self.buckets.get(start)
         if b is None:
@@ -755,8 +765,8 @@ class Aggregator:
 
     # --- time ---
     def expire(self, now_ms: int) -> None:
-        """Drop buckets out of the window and join entries past their TTL."""
-        cutoff = now_ms - self.cfg.window_ms
+        """Drop buckets out of the longest window and join entries past their TTL."""
+        cutoff = now_ms - self.cfg.retain_ms
         for start in [s for s in self.buckets if s <= cutoff]:
             del self.buckets[start]
         for d, ttl in ((self.labels, self.cfg.label_ttl_ms), (self.light, self.cfg.shadow_ttl_ms),
@@ -774,9 +784,24 @@ class Aggregator:
         self.dropped += _trim(self.awaiting, self.cfg.max_pending)
 
     def window(self, now_ms: int, span_ms: int | None = None) -> WindowStats:
-        """The last `span_ms` (default: the whole window), in whole buckets."""
-        cutoff = now_ms - min(span_ms or self.cfg.window_ms, self.cfg.window_ms)
+        """The last `span_ms` (default: the window; at most `max_window_ms`), in whole buckets."""
+        cutoff = now_ms - min(span_ms or self.cfg.window_ms, self.cfg.retain_ms)
         return summarize(b for s, b in self.buckets.items() if s > cutoff)
+
+    def sized_window(self, now_ms: int, min_text_finals: int) -> tuple[WindowStats, int]:
+        """The window, widened (doubling, up to `max_window_ms`) until it holds `min_text_finals` text answers;
+        and its span in ms.
+
+        At 2 msg/s a 30 s window holds 60 answers: too few for the controller to act on (its share estimate
+        would be off by +-6 points), so it never acted and an over-budget heavy share stayed. A longer window
+        at low traffic gives the controller the same evidence, later; at normal traffic nothing changes.
+        """
+        span = self.cfg.window_ms
+        w = self.window(now_ms, span)
+        while w.text_finals < min_text_finals and span < self.cfg.retain_ms:
+            span = min(2 * span, self.cfg.retain_ms)
+            w = self.window(now_ms, span)
+        return w, span
 
     # --- the controller's latest change ---
     def track_since(self, version: int | None) -> None:

@@ -87,7 +87,7 @@ class Sim:
 
     def tick(self) -> Decision:
         self.agg.expire(self.now_ms)
-        w = self.agg.window(self.now_ms)
+        w, _ = self.agg.sized_window(self.now_ms, self.cfg.min_results)
         recent = self.agg.window(self.now_ms, int(self.cfg.observe_s * 1000))
         d = decide(w, self.th, self.state, self.now_ms / 1000, self.agg.after_change(), self.cfg, recent,
                    self.heavy_now)
@@ -123,6 +123,32 @@ def test_drifting_stream_keeps_heavy_share_within_three_points() -> None:
     frozen = Sim(control=False)
     final = [frozen.step(1500, *drift(100, 100)) for _ in range(3)]
     assert sum(final) / 3 - budget > 0.3  # what the drift does without the controller
+
+
+def agent_like(max_window_ms: int | None) -> Sim:
+    """The feedback agent's defaults: a 30 s window of 2 s hops, 200 text answers before acting, a shed cooldown
+    of one window, a rollback watch of two."""
+    return Sim(cfg=ControllerConfig(min_results=200, shed_cooldown_s=30, observe_s=60),
+               agg=Aggregator(AggConfig(window_ms=30_000, hop_ms=STEP_MS, max_window_ms=max_window_ms)))
+
+
+def test_at_2_msg_per_s_an_over_budget_heavy_share_comes_within_three_points_in_5_minutes() -> None:
+    """Low traffic: 4 requests per 2 s step, 43% of them heavy-bound under the default thresholds (budget 25%).
+    A 30 s window never holds the 200 answers the controller needs; the window widens (up to 5 minutes) until
+    it does, and the controller moves the thresholds."""
+    sim = agent_like(max_window_ms=300_000)
+    shares = [sim.step(4, math.log(44), 8, 1.5) for _ in range(150)]  # 300 s of simulated time
+    assert sum(shares[:15]) / 15 > 0.38, "not over budget to begin with"
+    # the share the final thresholds route, measured on a large fresh sample of the same traffic
+    check = Sim(th=sim.th, control=False, rnd=random.Random(11))
+    final = sum(check.step(2000, math.log(44), 8, 1.5) for _ in range(5)) / 5
+    assert abs(final - sim.th.heavy_budget) <= 0.03, (final, sim.th)
+    assert not any(d.action == "rollback" for d in sim.decisions)
+
+    fixed = agent_like(max_window_ms=None)  # the window alone: the controller never acts
+    for _ in range(150):
+        fixed.step(4, math.log(44), 8, 1.5)
+    assert fixed.th.version == 1 and "text answers in the window" in fixed.decisions[-1].reason
 
 
 def test_holds_inside_the_deadband() -> None:
