@@ -413,7 +413,10 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
         dl.add_column("at", no_wrap=True)
         dl.add_column("kind", no_wrap=True, style="yellow")
         dl.add_column("stage", no_wrap=True)
-        dl.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=70)
+        if narrow:  # the reason wraps: cutting it, or squeezing the time and kind to "…", says nothing
+            dl.add_column("reason", overflow="fold")
+        else:
+            dl.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=70)
         for d in frame.dead_letters:
             dl.add_row(time.strftime("%H:%M:%S", time.localtime(d.at_ms / 1000)), d.kind, d.stage, d.reason)
         parts.append(dl)

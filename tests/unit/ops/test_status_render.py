@@ -38,7 +38,11 @@ def frame(redis_up: bool = True) -> Frame:
                                  "unknown (Error 111 connecting to 10.0.0.5:6379. Connection refused.)"]
     return Frame(at=AT, window_s=10.0, tiers=tiers, thresholds=Thresholds() if redis_up else None, dlq_rate=0.3,
                  dead_letters=[DeadLetter(int(AT * 1000) - 4000, "schema", "ingest",
-                                          "text: Input should be a valid string (2 errors)")],
+                                          "text: Input should be a valid string (2 errors)"),
+                               DeadLetter(int(AT * 1000) - 5000, "encoding", "ingest",
+                                          "not UTF-8: invalid start byte at byte 0"),
+                               DeadLetter(int(AT * 1000) - 6000, "schema", "ingest",
+                                          "image.mime: Input should be 'image/png', 'image/jpeg' or 'image/webp'")],
                  source="tierflow-kafka-bootstrap.kafka.svc:9092  redis://10.0.0.5:6379/0  topics tierflow.*",
                  notes=notes)
 
@@ -51,9 +55,10 @@ def shown(f: Frame, width: int) -> str:
 
 def check(name: str, text: str) -> None:
     path = SNAPSHOTS / name
-    if os.environ.get("TIERFLOW_UPDATE_SNAPSHOTS") or not path.exists():
+    if os.environ.get("TIERFLOW_UPDATE_SNAPSHOTS"):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
+    assert path.exists(), f"no snapshot {path.name}: run with TIERFLOW_UPDATE_SNAPSHOTS=1 and read it"
     assert text == path.read_text(), f"{name} changed; rerun with TIERFLOW_UPDATE_SNAPSHOTS=1 if intended"
 
 
