@@ -404,7 +404,11 @@ def test_keda_scales_each_tier_on_its_consumer_groups_lag() -> None:
         meta = trigger["metadata"]
         assert trigger["type"] == "kafka"
         assert all(isinstance(v, str) for v in meta.values()), f"{target}: KEDA metadata values are strings"
-        assert meta["bootstrapServers"] == s.kafka.bootstrap, target
+        # The address in one place: KEDA resolves it from the target container's env (its ConfigMap)
+        assert "bootstrapServers" not in meta and meta["bootstrapServersFromEnv"] == "TIERFLOW_KAFKA_BOOTSTRAP", target
+        (container,) = deployments[target]["spec"]["template"]["spec"]["containers"]
+        assert {"configMapRef": {"name": "tierflow-settings"}} in container["envFrom"], target
+        assert configmap()["TIERFLOW_KAFKA_BOOTSTRAP"] == s.kafka.bootstrap
         assert meta["consumerGroup"] == groups[component], target
         assert meta["topic"] == expected_topic[component], target
         # Scaling to zero would hide the tier from ingest's heartbeat-based health; more consumers than
