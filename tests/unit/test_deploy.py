@@ -46,6 +46,7 @@ K8S_COMPONENTS = ("ingest", "light", "heavy", "multimodal", "feedback")
 CUSTOM_KINDS = {"ScaledObject", "Kafka", "KafkaNodePool", "KafkaTopic", "ServiceMonitor", "PrometheusRule"}
 PROMQL_BUILTINS = {"up"}  # series Prometheus makes itself
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
 def consumer_groups(s: Settings) -> dict[str, str]:
@@ -536,20 +537,42 @@ def test_grafana_dashboard_structure() -> None:
                     cells[(x, y)] = panel["title"]
             if panel["type"] == "row":
                 continue
-            assert panel["datasource"]["uid"] == ds["uid"], panel["title"]
+            # the datasource variable: the provisioned default here, whatever Prometheus an importer picks there
+            assert panel["datasource"] == DATASOURCE, panel["title"]
             assert panel["targets"], panel["title"]
             ref_ids = [t["refId"] for t in panel["targets"]]
             assert len(ref_ids) == len(set(ref_ids)), panel["title"]
             for target in panel["targets"]:
-                assert target["expr"] and target["datasource"]["uid"] == ds["uid"], panel["title"]
+                assert target["expr"] and target["datasource"] == DATASOURCE, panel["title"]
+                for name in promql_metrics(target["expr"]) - PROMQL_BUILTINS:  # every query follows the filters
+                    assert f'{name}{{' in target["expr"] and 'job=~"$job"' in target["expr"], (panel["title"], name)
+        assert ds["isDefault"], "the datasource variable's default must be the provisioned Prometheus"
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+        assert {"job", "namespace", "tier"} <= set(variables), path.name
+        assert [i["type"] for i in dash["__inputs"]] == ["datasource"], "importable into any Grafana"
+        for a in dash["annotations"]["list"]:
+            if a.get("builtIn"):
+                continue
+            assert "expr" not in a and a["target"]["expr"] and a["datasource"] == DATASOURCE, a["name"]
+
+
+def test_k8s_dashboard_configmap_is_the_dashboard() -> None:
+    cm = k8s_by_kind("ConfigMap")["tierflow-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar loads
+    dashboard = json.loads((GRAFANA / "dashboards" / "tierflow.json").read_text())
+    assert json.loads(cm["data"]["tierflow.json"]) == dashboard, (
+        "deploy/k8s/monitoring/grafana-dashboard.yaml is stale: python deploy/grafana/to_configmap.py")
 
 
 def test_grafana_dashboard_queries_use_existing_metrics() -> None:
     for path, dash in _dashboards():
         exprs = {f"{path.name}: {p['title']} {t['refId']}": t["expr"]
                  for p in dash["panels"] for t in p.get("targets", [])}
-        exprs |= {f"{path.name}: annotation {a['name']}": a["expr"]
-                  for a in dash.get("annotations", {}).get("list", []) if "expr" in a}
+        exprs |= {f"{path.name}: annotation {a['name']}": a["target"]["expr"]
+                  for a in dash.get("annotations", {}).get("list", []) if "target" in a}
+        exprs |= {f"{path.name}: variable {v['name']}": v["query"]["query"].removeprefix("label_values(").split(",")[0]
+                  for v in dash["templating"]["list"] if v["type"] == "query"}
         assert_known_metrics(exprs)
         used = set().union(*(promql_metrics(e) for e in exprs.values()))
         for must in ("tierflow_routed_total", "tierflow_end_to_end_seconds_bucket", "tierflow_consumer_lag",
