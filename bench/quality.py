@@ -50,7 +50,7 @@ from pipeline.contracts.topics import Tier
 from pipeline.core.controller import ControllerState, Decision, applied, decide
 from pipeline.core.stats import Aggregator
 from pipeline.core.thresholds import Thresholds
-from pipeline.settings import FeedbackSection, Settings
+from pipeline.settings import FeedbackSection, HeartbeatSection, Settings
 
 FloatArray = npt.NDArray[np.float64]
 TEST_CSV = ROOT / "workers" / "data" / "banking77" / "test.csv"
@@ -287,7 +287,7 @@ def replay_controller(confidence: FloatArray, lengths: npt.NDArray[np.int64], li
     """
     cfg = FeedbackSection()
     agg = Aggregator(agg_config(cfg))
-    ctl = controller_config(cfg)
+    ctl = controller_config(cfg, HeartbeatSection().startup_s)
     th = start if start is not None else Thresholds(heavy_budget=budget)
     state = ControllerState()
     n = len(confidence)
@@ -527,7 +527,7 @@ def _pct(x: float | None, nd: int = 1) -> str:
 def report(ev: Evaluation, png: Path, quick: bool) -> str:
     """The BENCHMARKS.md section body (markdown)."""
     sc, r, w = ev.scored, ev.replay, ev.replay_no_length
-    reserve = controller_config(FeedbackSection()).escalation_reserve
+    reserve = controller_config(FeedbackSection(), HeartbeatSection().startup_s).escalation_reserve
     al, ah = ev.acc_light, ev.acc_heavy
     sh = np.array(TABLE_SHARES)
     casc = ev.at("confidence", sh)

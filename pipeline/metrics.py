@@ -7,7 +7,7 @@ import os
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
 
 from pipeline.errors import ConfigError
@@ -92,9 +92,11 @@ DELIVERY_FAILED = Counter("tierflow_delivery_failed_total", "Produced records th
 
 
 def serve(port: int | None) -> None:
-    """Expose /metrics on `port` (no-op for None). Multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set."""
+    """Expose /metrics and /ready (pipeline/adapters/probes.py) on `port` (no-op for None). Multiprocess mode when
+    PROMETHEUS_MULTIPROC_DIR is set."""
     if port is None:
         return
+    from pipeline.adapters import probes
     from pipeline.version import commit, version
 
     BUILD.info({"version": version(), "commit": commit()})
@@ -104,13 +106,13 @@ def serve(port: int | None) -> None:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            start_http_server(port, registry=registry)
+            probes.start(port, registry)
         else:
-            start_http_server(port, registry=REGISTRY)
+            probes.start(port, REGISTRY)
     except OSError as e:
         raise ConfigError(f"TIERFLOW_METRICS_PORT={port}: cannot serve /metrics there ({e.strerror or e}); "
                           "expected a free port (`tierflow up --metrics-port BASE` gives each agent its own)") from None
-    log.info("metrics on :%d/metrics", port)
+    log.info("metrics on :%d/metrics, readiness on :%d/ready", port, port)
 
 
 def observe_many(h: Histogram, values: Sequence[float]) -> None:

@@ -217,6 +217,11 @@ class ReplaySection(Section):
 class HeartbeatSection(Section):
     interval_s: float = 1.0
     ttl_s: float = 5.0
+    startup_s: float = Field(300.0, gt=0, description="how long a worker whose heartbeat says it is starting "
+                             "(loading its model, joining its group) stands for a ready one: its tier's traffic "
+                             "waits in the tier's topic instead of being degraded")
+    announce_s: float = Field(15.0, ge=0, description="how long after ingest starts a tier with no heartbeat at "
+                              "all counts as starting (workers started with it announce themselves in seconds)")
 
 
 class FeedbackSection(Section):

@@ -34,6 +34,7 @@ from pipeline.adapters.kafka import (
     topics_of,
 )
 from pipeline.adapters.lanes import BackfillLane
+from pipeline.adapters.probes import READINESS
 from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
 from pipeline.contracts.models import RoutedRequest, decode_model
@@ -101,14 +102,29 @@ class WorkerStats:
     dead: int = 0
 
 
+def worker_id_of(tier: Tier) -> str:
+    return f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
+
+
+def announce(settings: Settings, tier: Tier, worker_id: str, r: redis.Redis | None = None) -> Heartbeat:
+    """Start this worker's heartbeat saying "starting" (`ready` false), before anything slow (importing torch,
+    loading weights): ingest then knows a start-up is in progress and holds the tier's traffic for it instead of
+    degrading it (pipeline/core/health.py). `Worker.run` takes the heartbeat over."""
+    return Heartbeat(r or make_redis(settings), settings.redis.prefix, tier.value, worker_id,
+                     settings.heartbeat.interval_s, settings.heartbeat.ttl_s,
+                     lambda: {"tier": tier.value, "ready": False}).start()
+
+
 class Worker:
     """One worker process of a tier. `run()` until `stop()`."""
 
     def __init__(self, settings: Settings, tier: Tier, model: InferenceModel, device: str = "cpu",
-                 worker_id: str | None = None, r: redis.Redis | None = None) -> None:
+                 worker_id: str | None = None, r: redis.Redis | None = None,
+                 announced: Heartbeat | None = None) -> None:
+        """`announced`: the heartbeat that said this worker is starting (`announce`), taken over by `run()`."""
         self.s, self.tier, self.model, self.device = settings, tier, model, device
         self.topics = topics_of(settings)
-        self.worker_id = worker_id or f"{tier.value}-{socket.gethostname()}-{os.getpid()}"
+        self.worker_id = worker_id or worker_id_of(tier)
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
         self.r = r or make_redis(settings)
         self.group = settings.group(f"workers-{tier.value}")
@@ -143,12 +159,14 @@ class Worker:
         self.live_latency = LatencyWindow(size=2048)
         self.stats = WorkerStats()
         self.lag = 0
-        self.ready = False
+        self.warm = False  # model loaded and warmed up (and transactions initialised)
+        self.assigned = False  # in the group with partitions: before that, messages would wait on the join
+        self._ready_wall = 0.0  # wall time it first became ready
         self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
         self._busy_since: float | None = None  # monotonic start of the batch in hand, for the heartbeat
         # (kind, model, inference ms, queue ms, answered total ms) per item, counted once the batch is flushed
         self._observed: list[tuple[str, str, float, float, float | None]] = []
-        self.heartbeat: Heartbeat | None = None
+        self.heartbeat: Heartbeat | None = announced
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -163,6 +181,15 @@ class Worker:
             for old in self._abort_first:
                 abort_open_transaction(self.s, old)
             self.producer.init_transactions(30)
+        self.warm = True
+
+    def readiness(self) -> dict[str, bool]:
+        """What /ready and the heartbeat's `ready` say (pipeline/adapters/probes.py)."""
+        return {"model_warm": self.warm, "partitions_assigned": self.assigned}
+
+    @property
+    def ready(self) -> bool:
+        return self.warm and self.assigned
 
     def status(self) -> dict[str, Any]:
         recent_p95, recent_n = self.live_latency.recent_p95(RECENT_S)
@@ -177,15 +204,23 @@ class Worker:
         return 0.0 if since is None else round((time.monotonic() - since) * 1000.0, 1)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Ready means "in the group with partitions": before that, messages would wait on the join.
-        self.ready = True
+        if not self.assigned:
+            self._ready_wall = time.time()
+        self.assigned = True
 
     def run(self) -> None:
-        self.setup()
+        if self.heartbeat is None:  # not announced: say "starting" now, before the model loads
+            self.heartbeat = announce(self.s, self.tier, self.worker_id, self.r)
+        self.heartbeat.follow(self.status)
+        READINESS.require(self.readiness)
+        try:
+            self.setup()
+        except BaseException:
+            READINESS.release(self.readiness)
+            self.heartbeat.stop()
+            raise
         self.consumer.subscribe([self.topics.tier(self.tier)], on_assign=self._on_assign)
         self.backfill.start()
-        self.heartbeat = Heartbeat(self.r, self.s.redis.prefix, self.tier.value, self.worker_id,
-                                   self.s.heartbeat.interval_s, self.s.heartbeat.ttl_s, self.status).start()
         try:
             while not self._stop.is_set():
                 self.step()
@@ -193,6 +228,7 @@ class Worker:
             log.critical("%s: %s%s", self.worker_id, CRASH_MARK, self.batch_at)
             raise
         finally:
+            READINESS.release(self.readiness)
             self.heartbeat.stop()
             self.producer.flush(self.s.flush_timeout_s)
             self.dlq.flush(self.s.flush_timeout_s)
@@ -380,6 +416,9 @@ class Worker:
         e2e: dict[str, list[float]] = {}
         escalated: dict[str, int] = {}
         queue, answered, live = [], [], []
+        # The health signal counts a request's wait from when this worker became ready at the latest: requests
+        # queued while it started up were held for it on purpose (core/health.py), not slowed down by it.
+        since_ready_ms = (time.time() - self._ready_wall) * 1000.0
         for kind, model, infer_ms, queue_ms, answered_ms in self._observed:
             infer.setdefault(model, []).append(infer_ms / 1000.0)
             queue.append(queue_ms / 1000.0)
@@ -388,7 +427,7 @@ class Worker:
             if answered_ms is not None:
                 answered.append(answered_ms)
                 if kind != "replay":
-                    live.append(answered_ms)
+                    live.append(min(answered_ms, since_ready_ms))
                 e2e.setdefault(model, []).append(answered_ms / 1000.0)
         for model, xs in infer.items():
             metrics.observe_many(metrics.INFERENCE_SECONDS.labels(tier, model), xs)

@@ -63,13 +63,16 @@ def observe(r: redis.Redis, prefix: str, tier: str) -> Observation:
 
 
 def observation(beats: list[HeartbeatDoc]) -> Observation:
-    """A tier's workers now: their lag, and the worst of their live answers' p95 and batches in hand (every
-    record of a batch that has taken longer than the SLO so far is answered later than the SLO). Live only:
-    see `pipeline.contracts.records.Heartbeat` for why ingest and the controller read the same signal."""
+    """A tier's workers now: how many are ready (and how long the youngest of the others has been starting), their
+    lag, and the worst of their live answers' p95 and batches in hand (every record of a batch that has taken
+    longer than the SLO so far is answered later than the SLO). Live only: see
+    `pipeline.contracts.records.Heartbeat` for why ingest and the controller read the same signal."""
+    ready = [b for b in beats if b["ready"]]
     return Observation(
-        workers=len(beats),
-        lag=sum(b["lag"] for b in beats),
-        p95_ms=max((max(b["live_p95_ms"], b["busy_ms"]) for b in beats), default=0.0),
+        workers=len(ready),
+        lag=sum(b["lag"] for b in ready),
+        p95_ms=max((max(b["live_p95_ms"], b["busy_ms"]) for b in ready), default=0.0),
+        starting_s=min((b["up_s"] for b in beats if not b["ready"]), default=None),
     )
 
 
@@ -109,6 +112,7 @@ class Heartbeat:
         self.fault_key = fault_key(prefix, tier)
         self.interval_s, self.ttl_ms, self.status = interval_s, int(ttl_s * 1000), status
         self.injected_latency_ms = 0.0
+        self._t0 = time.monotonic()
         self._thread = Periodic("heartbeat", interval_s, self.beat)
 
     def start(self) -> Heartbeat:
@@ -116,8 +120,15 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def follow(self, status: Callable[[], dict[str, Any]]) -> Heartbeat:
+        """Beat from now on with `status` (a worker takes over the heartbeat that announced its start)."""
+        self.status = status
+        self.beat()
+        return self
+
     def beat(self) -> None:
-        body = heartbeat(**{"tier": self.tier, **self.status(), "ts": time.time(), "worker": self.worker_id})
+        body = heartbeat(**{"tier": self.tier, "up_s": round(time.monotonic() - self._t0, 2), **self.status(),
+                            "ts": time.time(), "worker": self.worker_id})
         try:
             pipe = self.r.pipeline(transaction=False)
             pipe.set(self.key, dump_heartbeat(body), px=self.ttl_ms)

@@ -41,6 +41,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from pipeline import metrics
 from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
 from pipeline.adapters.kafka import check_reachable
+from pipeline.adapters.probes import READINESS
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import Keys
@@ -75,10 +76,12 @@ def agg_config(fb: FeedbackSection) -> AggConfig:
                      shadow_ttl_ms=int(fb.shadow_ttl_s * 1000), max_pending=fb.max_pending)
 
 
-def controller_config(fb: FeedbackSection) -> ControllerConfig:
-    """The controller's knobs, from the agent's settings (the rollback watch defaults to two windows)."""
+def controller_config(fb: FeedbackSection, startup_s: float) -> ControllerConfig:
+    """The controller's knobs, from the agent's settings (the rollback watch defaults to two windows);
+    `startup_s`: `settings.heartbeat.startup_s`."""
     return ControllerConfig(min_results=fb.min_results, deadband=fb.deadband, shed_cooldown_s=fb.window_s,
-                            observe_s=fb.observe_s if fb.observe_s is not None else 2 * fb.window_s)
+                            observe_s=fb.observe_s if fb.observe_s is not None else 2 * fb.window_s,
+                            startup_s=startup_s)
 
 
 def group_of(settings: Settings) -> str:
@@ -106,7 +109,7 @@ class Feedback:
         self.store = ThresholdStore(self.r, settings.redis.prefix)
         self.state_key = Keys(settings.redis.prefix).feedback_state
         self.agg = Aggregator(agg_config(self.cfg))
-        self.ctl_cfg = controller_config(self.cfg)
+        self.ctl_cfg = controller_config(self.cfg, settings.heartbeat.startup_s)
         self.state = ControllerState()
         self.restored = False
         self.thresholds: Thresholds | None = None
@@ -483,6 +486,8 @@ def main(settings: Settings) -> int:
     if not fb.restore_io():
         log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
     app = build_app(fb)
+    # Ready once the control loop has run: the consumers joined and the thresholds were read and judged.
+    READINESS.require(lambda: {"controller_ticked": fb.ticks > 0})
     beat = Heartbeat(fb.r, settings.redis.prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
                      settings.heartbeat.interval_s, settings.heartbeat.ttl_s,
                      lambda: {"agent": "feedback", "ready": fb.ticks > 0}).start()

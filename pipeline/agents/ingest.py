@@ -37,6 +37,7 @@ from pipeline.adapters.kafka import (
 )
 from pipeline.adapters.lanes import BackfillLane
 from pipeline.adapters.periodic import Periodic
+from pipeline.adapters.probes import READINESS
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
 from pipeline.contracts.models import decode_request
@@ -51,7 +52,7 @@ from pipeline.contracts.records import (
 )
 from pipeline.contracts.topics import Tier
 from pipeline.core import features
-from pipeline.core.health import HealthLimits, HealthState, assess
+from pipeline.core.health import HealthState, assess, at_own_start, heavy_limits
 from pipeline.core.routing import HEALTHY, Route, TierHealth, in_sample, route
 from pipeline.core.thresholds import Thresholds
 from pipeline.errors import InvalidMessage, InvalidThresholds
@@ -75,11 +76,18 @@ def check_image(data: bytes, mime: str) -> None:
 
 
 class HealthMonitor:
-    """Ingest's view of the heavy tier, from heavy workers' heartbeats, refreshed in the background."""
+    """Ingest's view of the heavy tier, from heavy workers' heartbeats, refreshed in the background.
 
-    def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, interval_s: float = 0.25) -> None:
+    `startup_s` and `announce_s`: `settings.heartbeat` (a start-up in progress is not a breach: core/health.py).
+    """
+
+    def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, interval_s: float = 0.25,
+                 startup_s: float = 300.0, announce_s: float = 15.0) -> None:
         self.r, self.prefix, self.cache, self.interval_s = r, prefix, cache, interval_s
+        self.startup_s, self.announce_s = startup_s, announce_s
         self.state = HealthState(HEALTHY)
+        self.checked = False  # one observation made: until then the verdict is the optimistic default
+        self._t0 = time.monotonic()
         self._thread = Periodic("health", interval_s, self.check)
 
     @property
@@ -99,8 +107,10 @@ class HealthMonitor:
             obs = observe(self.r, self.prefix, Tier.HEAVY)
         except (redis.RedisError, OSError):
             return  # no news is no change: keep the last verdict while Redis is away
-        lim = HealthLimits(th.heavy_slo_p95_ms, th.degrade_lag, th.recover_ratio, th.recover_after_s)
-        new = assess(self.state, obs, lim, time.monotonic())
+        now = time.monotonic()
+        obs = at_own_start(obs, now - self._t0, self.announce_s)
+        new = assess(self.state, obs, heavy_limits(th, self.startup_s), now)
+        self.checked = True
         if new.health != self.state.health:
             log.warning("heavy tier %s (workers=%d lag=%d p95=%.0fms)",
                         "healthy again" if new.health.heavy_ok else f"unhealthy: {new.health.reason}",
@@ -125,7 +135,9 @@ class Ingest:
         self.r = r or make_redis(settings)
         self.store = ThresholdStore(self.r, settings.redis.prefix)
         self.cache = ThresholdCache(self.store, component="ingest")
-        self.monitor = HealthMonitor(self.r, settings.redis.prefix, self.cache) if health_checks else None
+        self.monitor = HealthMonitor(self.r, settings.redis.prefix, self.cache,
+                                     startup_s=settings.heartbeat.startup_s,
+                                     announce_s=settings.heartbeat.announce_s) if health_checks else None
         self.consumer = make_member(settings, settings.group("ingest"))
         self.dlq = DeadLetters(settings, "ingest")
         # Backfill has its own topic, group, producer and batches, taken only while no live record waits.
@@ -138,7 +150,7 @@ class Ingest:
         self.committer = BatchCommitter(self.consumer, self.producer, self.delivery, self.dlq, "ingest",
                                         settings.flush_timeout_s)
         self.stats = IngestStats()
-        self.ready = False  # partitions assigned: a request sent now is routed without waiting for a join
+        self.assigned = False  # partitions assigned: a request sent now is routed without waiting for a join
         self.batch_at = "-"  # where the batch in hand starts: named if the process dies handling it
         self.heartbeat = Heartbeat(self.r, settings.redis.prefix, AGENT, f"ingest-{socket.gethostname()}-{os.getpid()}",
                                    settings.heartbeat.interval_s, settings.heartbeat.ttl_s, self.status)
@@ -153,7 +165,20 @@ class Ingest:
     def status(self) -> dict[str, object]:
         return {"agent": "ingest", "ready": self.ready, "consumed": self.stats.consumed}
 
+    def readiness(self) -> dict[str, bool]:
+        """What /ready and the heartbeat's `ready` say: thresholds read from Redis, heavy's health known,
+        partitions assigned (pipeline/adapters/probes.py)."""
+        checks = {"thresholds_loaded": self.cache.loaded.is_set(), "partitions_assigned": self.assigned}
+        if self.monitor is not None:
+            checks["heavy_health_known"] = self.monitor.checked
+        return checks
+
+    @property
+    def ready(self) -> bool:
+        return all(self.readiness().values())
+
     def run(self) -> None:
+        READINESS.require(self.readiness)
         self.cache.start()
         if self.monitor:
             self.monitor.start()
@@ -172,6 +197,7 @@ class Ingest:
             self.close()
 
     def close(self) -> None:
+        READINESS.release(self.readiness)
         self.heartbeat.stop()
         self.cache.stop()
         if self.monitor:
@@ -182,7 +208,7 @@ class Ingest:
         self.backfill.close()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.ready = True
+        self.assigned = True
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Everything consumed so far was flushed and committed inside step(); nothing to do but note it.

@@ -412,7 +412,9 @@ class Heartbeat(TypedDict):
 
     Latencies are of answers, in ms over the last few seconds: `p95_ms` of all of them, `live_p95_ms` of live
     ones only (replays excluded) and `live_recent_*` of the last `RECENT_S`. `busy_ms`: how long the batch in hand
-    has taken so far (0 between batches). Agents that are not workers (ingest, feedback) fill only `agent` and
+    has taken so far (0 between batches). `up_s`: seconds since the process announced itself; a worker writes its
+    first heartbeat (`ready` false) before it loads its model, so readers know a start-up is in progress
+    (pipeline/core/health.py). Agents that are not workers (ingest, feedback) fill only `agent` and
     `ready` (and ingest `consumed`); their tier is `agent`.
 
     Health decisions (ingest's degrade, the controller's shed and restore) read `live_p95_ms` and `busy_ms`: the
@@ -425,6 +427,7 @@ class Heartbeat(TypedDict):
     tier: str
     agent: str
     ready: bool
+    up_s: float
     lag: int
     p95_ms: float
     live_p95_ms: float
@@ -437,9 +440,9 @@ class Heartbeat(TypedDict):
     device: str
 
 
-_DEFAULTS: Heartbeat = {"ts": 0.0, "worker": "?", "tier": "?", "agent": "", "ready": False, "lag": 0, "p95_ms": 0.0,
-                        "live_p95_ms": 0.0, "live_recent_p95_ms": 0.0, "live_recent_n": 0, "busy_ms": 0.0,
-                        "processed": 0, "consumed": 0, "model": "?", "device": "?"}
+_DEFAULTS: Heartbeat = {"ts": 0.0, "worker": "?", "tier": "?", "agent": "", "ready": False, "up_s": 0.0, "lag": 0,
+                        "p95_ms": 0.0, "live_p95_ms": 0.0, "live_recent_p95_ms": 0.0, "live_recent_n": 0,
+                        "busy_ms": 0.0, "processed": 0, "consumed": 0, "model": "?", "device": "?"}
 _TYPES: dict[str, type] = {k: type(v) for k, v in _DEFAULTS.items()}
 
 

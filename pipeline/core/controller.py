@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from annotated_types import Ge, Gt, Le, Lt
 
-from pipeline.core.health import HealthLimits, Observation, breach, calm
+from pipeline.core.health import HealthLimits, Observation, breach, calm, heavy_limits
 from pipeline.core.stats import AfterChange, Distribution, TierWindow, WindowStats
 from pipeline.core.thresholds import Thresholds
 
@@ -115,6 +115,7 @@ class ControllerConfig:
     rollback_z: float = 2.0  # a drop must also exceed this many standard errors of the difference
     rollback_slo_margin: float = 0.2  # heavy p95 > slo * (1 + margin) after a more-heavy change
     hold_after_rollback_s: float = 60.0
+    startup_s: float = 300.0  # a heavy worker starting this long still stands for a ready one (core/health.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,10 +294,6 @@ def _inputs(w: WindowStats, th: Thresholds, now_s: float) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the heavy tier now
-def heavy_limits(th: Thresholds) -> HealthLimits:
-    """Ingest's health limits of the heavy tier: the controller calls it healthy by the same rule."""
-    return HealthLimits(th.heavy_slo_p95_ms, th.degrade_lag, th.recover_ratio, th.recover_after_s)
-
 
 def _heavy_now(now: Observation | None, window_p95: float | None, lim: HealthLimits) -> tuple[bool, bool, str]:
     """(calm, answering, what was seen) for the heavy tier at this moment.
@@ -317,7 +314,8 @@ def _judge(p: Change, after: AfterChange | None, th: Thresholds, now_s: float, c
            heavy_now: Observation | None) -> tuple[str, str]:
     """('rollback' | 'accept' | 'observe', why) for the change under observation."""
     age = now_s - p.at_s
-    if p.restore and heavy_now is not None and (broke := breach(heavy_now, heavy_limits(th))) is not None:
+    broke = breach(heavy_now, heavy_limits(th, cfg.startup_s)) if p.restore and heavy_now is not None else None
+    if broke is not None and heavy_now is not None:
         return "rollback", (f"the heavy tier broke again ({broke}: workers' p95 {heavy_now.p95_ms:.0f} ms, "
                             f"lag {heavy_now.lag}, {heavy_now.workers} workers)")
     if after is not None and after.version == p.version:
@@ -434,7 +432,7 @@ def _watch(t: _Tick, after: AfterChange | None) -> Decision | None:
 def _recover(t: _Tick, recent: WindowStats | None) -> Decision | None:
     """2. The heavy tier healthy again: the thresholds from before the shed come back in one change."""
     th, now_s, w = t.th, t.now_s, t.w
-    lim = heavy_limits(th)
+    lim = heavy_limits(th, t.cfg.startup_s)
     calm_now, answering, seen = _heavy_now(t.heavy_now, t.p95, lim)
     t.calm_now, t.seen = calm_now, seen
     state = t.state

@@ -130,14 +130,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     from pipeline import metrics
     from pipeline.adapters.kafka import check_reachable
-    from workers.devices import tier_device
-    from workers.models.registry import tier_model
-    from workers.runner import Worker
+    from workers.runner import Worker, announce, worker_id_of
 
-    model = tier_model(s, tier)  # a wrong model name is said before the broker is dialled
-    check_reachable(s.kafka.servers, "Kafka")
-    metrics.serve(s.metrics_port)
-    worker = Worker(s, tier, model, tier_device(s, tier, device))
+    metrics.serve(s.metrics_port)  # alive (and /ready saying "starting") while torch imports
+    worker_id = worker_id_of(tier)
+    beat = announce(s, tier, worker_id)  # before the imports and weights that take seconds
+    try:
+        from workers.devices import tier_device
+        from workers.models.registry import tier_model
+
+        model = tier_model(s, tier)  # a wrong model name is said before the broker is dialled
+        check_reachable(s.kafka.servers, "Kafka")
+        worker = Worker(s, tier, model, tier_device(s, tier, device), worker_id=worker_id, announced=beat)
+    except BaseException:
+        beat.stop()
+        raise
     stop_on_signals(worker.stop)
     worker.run()
     return 0

@@ -125,7 +125,7 @@ def test_redis_outage_keeps_routing_with_last_thresholds(settings_factory: Calla
 
 def test_heavy_outage_degrades_to_light_and_recovers(settings_factory: Callable[..., Settings],
                                                      running: Running) -> None:
-    s = settings_factory()
+    s = settings_factory(heartbeat_announce_s=0.0)  # no heavy worker at all from the start: an outage
     store = ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
     store.update("test", "fast recovery for the test", recover_after_s=1.0)
     answers = reader(s, topics_of(s).answers)
@@ -194,3 +194,32 @@ def test_a_heavy_batch_stuck_past_the_slo_degrades_before_its_answers_come_out(
     # the stuck batch started at most a second before the first degraded request (the batch age passes the SLO,
     # the next heartbeat says so, ingest reads it every 0.25 s); its late answers came out 8 s after it started
     assert min(ingested(a) for a in degraded) < first_late_out - 3.0, "degraded only once the late answers came out"
+
+
+class SlowStart(EchoModel):
+    """An echo model that takes a heavy model's time to load."""
+
+    def setup(self, device: str) -> None:
+        time.sleep(4.0)
+
+
+def test_heavy_bound_traffic_waits_for_a_heavy_worker_that_is_starting(settings_factory: Callable[..., Settings],
+                                                                      running: Running) -> None:
+    """A stack starting together (issue 18: 12.9% of the first traffic went to light while heavy loaded): ingest
+    holds heavy-bound requests in the heavy topic while heavy workers announce they are starting."""
+    s = settings_factory()
+    answers = reader(s, topics_of(s).answers)
+    running.start(Ingest(s))
+    running.start(Worker(s, Tier.LIGHT, EchoModel()))
+    wait_ready(s, ["light"])
+    with Live(s, "live", 50, texts=["z" * 80]) as traffic:  # heavy-bound (length over 50)
+        time.sleep(2.0)  # no heavy heartbeat yet: ingest started seconds ago, so its workers may be announcing
+        heavy = Worker(s, Tier.HEAVY, SlowStart())
+        running.start(heavy)  # announces at once, ready 4 s later
+        time.sleep(6.0)
+        assert heavy.ready
+    got = values(drain(answers, lambda ms: len(ms) >= len(traffic.sent), timeout=60))
+    answers.close()
+    assert {a["request_id"] for a in got} == set(traffic.sent)
+    assert not [a for a in got if a["degraded"]]
+    assert {a["tier"] for a in got} == {"heavy"}

@@ -212,7 +212,8 @@ def test_pipeline_starts_in_order_and_restarts() -> None:
     for name, svc in long_running_services().items():
         assert svc["depends_on"]["topics"]["condition"] == "service_completed_successfully", name
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy", name
-        assert str(METRICS_PORT) in " ".join(svc["healthcheck"]["test"]), name
+        # healthy means ready (model loaded, partitions assigned), not merely answering /metrics
+        assert f"127.0.0.1:{METRICS_PORT}/ready" in " ".join(svc["healthcheck"]["test"]), name
     for name, svc in svcs.items():
         assert svc.get("restart"), f"{name} has no restart policy"
         if name != "topics":
@@ -375,6 +376,9 @@ def test_every_component_runs_with_settings_metrics_and_a_disruption_budget() ->
         assert refs == {"tierflow-settings", "tierflow-secrets"}, name
         assert {"name": "metrics", "containerPort": METRICS_PORT} in container["ports"], name
         assert container["livenessProbe"]["httpGet"]["port"] == "metrics", name
+        # alive = /metrics answers; started and ready = /ready answers 200 (pipeline/adapters/probes.py)
+        probes = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+        assert probes == {"startupProbe": "/ready", "readinessProbe": "/ready", "livenessProbe": "/metrics"}, name
         assert services_[name]["spec"]["selector"].items() <= pod_labels.items(), name
         assert pdbs[name]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), name
         gpus = container["resources"].get("limits", {}).get("nvidia.com/gpu")

@@ -202,8 +202,18 @@ def test_the_reader_takes_what_older_writers_wrote_and_refuses_what_is_not_a_hea
 
 
 def test_the_tier_observation_takes_the_worst_live_p95_or_batch_in_hand() -> None:
-    beats = [heartbeat(lag=5, live_p95_ms=100.0, p95_ms=9000.0), heartbeat(lag=2, live_p95_ms=80.0, busy_ms=650.0)]
+    beats = [heartbeat(lag=5, live_p95_ms=100.0, p95_ms=9000.0, ready=True),
+             heartbeat(lag=2, live_p95_ms=80.0, busy_ms=650.0, ready=True)]
     obs = observation(beats)
     # a replay's slow answers (p95_ms) are not the live SLO's; the second worker's batch in hand is
     assert (obs.workers, obs.lag, obs.p95_ms) == (2, 7, 650.0)
     assert observation([]).workers == 0
+
+
+def test_workers_that_are_not_ready_count_as_starting_not_as_workers() -> None:
+    beats = [heartbeat(ready=False, up_s=40.0, lag=99), heartbeat(ready=False, up_s=3.5),
+             heartbeat(ready=True, lag=1, live_p95_ms=20.0)]
+    obs = observation(beats)
+    # the youngest start is what a reader waits for; a starting worker's lag and latency are not the tier's
+    assert (obs.workers, obs.lag, obs.p95_ms, obs.starting_s) == (1, 1, 20.0, 3.5)
+    assert observation(beats[2:]).starting_s is None

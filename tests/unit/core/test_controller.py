@@ -299,10 +299,10 @@ def test_a_batch_overrunning_the_slo_sheds_before_its_late_answers_reach_the_win
     w = sim.agg.window(sim.now_ms)
     assert w.tier("heavy") is not None and w.tier("heavy").p95_ms <= sim.th.heavy_slo_p95_ms  # type: ignore[union-attr]
     calm_d = decide(w, sim.th, sim.state, sim.now_ms / 1000, cfg=sim.cfg,
-                    heavy_now=observation([heartbeat(live_p95_ms=300.0, busy_ms=40.0)]))
+                    heavy_now=observation([heartbeat(live_p95_ms=300.0, busy_ms=40.0, ready=True)]))
     assert not _shed(calm_d), calm_d.reason
     # the window holds only answers in time; a heavy worker's batch in hand has taken 2x the SLO so far
-    stuck = observation([heartbeat(live_p95_ms=300.0, busy_ms=6000.0)])
+    stuck = observation([heartbeat(live_p95_ms=300.0, busy_ms=6000.0, ready=True)])
     assert stuck.p95_ms == 6000.0
     d = decide(w, sim.th, sim.state, sim.now_ms / 1000, cfg=sim.cfg, heavy_now=stuck)
     assert _shed(d) and "heavy p95 6000 ms > SLO 3000 ms (heavy workers' p95 6000 ms" in d.reason, d.reason

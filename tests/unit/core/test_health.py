@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.core.health import HealthLimits, HealthState, Observation, assess
+from pipeline.core.health import HealthLimits, HealthState, Observation, assess, at_own_start
 from pipeline.core.routing import HEALTHY
 
 LIM = HealthLimits(slo_p95_ms=1000, degrade_lag=1000, recover_ratio=0.5, recover_after_s=3.0)
@@ -58,3 +58,25 @@ def test_workers_appearing_are_healthy_at_once() -> None:
     assert st.health.reason == "no_workers"
     assert assess(st, Observation(1, 0, 10), LIM, 0.1).health.heavy_ok
     assert not assess(st, Observation(1, 900, 10), LIM, 0.1).health.heavy_ok  # a backlog is not calm
+
+
+def test_a_start_up_in_progress_keeps_the_tier_healthy_until_it_takes_too_long() -> None:
+    lim = HealthLimits(slo_p95_ms=1000, degrade_lag=1000, recover_ratio=0.5, recover_after_s=3.0, startup_s=60.0)
+    ok = HealthState(HEALTHY)
+    # the stack's start: the heavy worker is loading its model; its traffic waits in the heavy topic
+    assert assess(ok, Observation(0, 0, 0, starting_s=5.0), lim, 0).health.heavy_ok
+    # a start that hangs is no worker
+    assert assess(ok, Observation(0, 0, 0, starting_s=61.0), lim, 0).health.reason == "no_workers"
+    # heavy died, its replacement is starting: still degraded until the replacement is ready
+    down = assess(ok, Observation(0, 0, 0), lim, 0)
+    assert not assess(down, Observation(0, 0, 0, starting_s=1.0), lim, 1).health.heavy_ok
+    assert assess(down, Observation(1, 0, 0), lim, 2).health.heavy_ok
+
+
+def test_a_reader_that_just_started_waits_for_workers_to_announce_themselves() -> None:
+    nobody = Observation(0, 0, 0)
+    assert at_own_start(nobody, own_age_s=2.0, announce_s=15.0).starting_s == 2.0
+    assert at_own_start(nobody, own_age_s=16.0, announce_s=15.0) == nobody
+    # workers heard of: what they say stands
+    assert at_own_start(Observation(1, 0, 0), 2.0, 15.0) == Observation(1, 0, 0)
+    assert at_own_start(Observation(0, 0, 0, starting_s=9.0), 2.0, 15.0).starting_s == 9.0
