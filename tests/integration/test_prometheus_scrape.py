@@ -1,10 +1,15 @@
-"""A real Prometheus scrapes `tierflow up --metrics-port BASE`: one /metrics port per agent, every target up.
+"""A real Prometheus scrapes `tierflow up --metrics-port BASE`: one /metrics port per agent, every target up, and
+evaluates tierflow's alert rules against it.
 
 `tierflow up --metrics-port BASE` gives ingest BASE, worker-light BASE+1, worker-heavy BASE+2, worker-multimodal
 BASE+3 and feedback BASE+4, and says so in its banner. This test runs `tierflow up` (echo models, against the
 session's broker and Redis) as an operator would, points a Prometheus server (Debian's `prometheus` package:
-`make tools` installs it where it can) at the five ports, sends a few requests and asks Prometheus, through its
-HTTP API, whether every target is up and whether ingest's request counter arrived.
+`make tools` installs it where it can) at the five ports with deploy/prometheus/alerts.yml loaded, sends a few
+requests and asks Prometheus, through its HTTP API, whether every target is up, whether ingest's request
+counter arrived and whether any alert is pending on the healthy stack (none may be). Then it stops the heavy
+worker (SIGSTOP: `up` would restart one that exited) and waits for TierflowHeavyDegraded to fire within its
+`for:`. That last part reads metrics, not the broker: it runs on the default broker's pass only (on tansu's it
+would add its `for:` again to the suite's time for no new coverage).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import time
 import urllib.error
@@ -23,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+import yaml
 
+from pipeline.adapters.heartbeats import read_heartbeats
 from pipeline.adapters.kafka import topics_of
 from pipeline.adapters.tails import AnswerReader
 from pipeline.ops.devstack import AGENTS, Proc, Stack, free_port, port_open
@@ -34,6 +43,8 @@ from tests.integration.helpers import produce_all
 pytestmark = pytest.mark.integration
 
 JOBS = [name for name, _ in AGENTS]  # ingest, worker-light, worker-heavy, worker-multimodal, feedback
+ALERT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+DETECT_S = 20.0  # heavy stopped -> alert pending: heartbeat TTL 5 s, ingest's check, a 1 s scrape, a 1 s evaluation
 UP_READY_TIMEOUT_S = 180.0
 SCRAPE_TIMEOUT_S = 60.0
 N_REQUESTS = 8
@@ -92,8 +103,34 @@ def prometheus_config(path: Path, ports: dict[str, int]) -> Path:
     jobs = "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
                    for job, port in ports.items())
     path.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-                    f"scrape_configs:\n{jobs}")
+                    f"rule_files:\n  - {ALERT_RULES}\nscrape_configs:\n{jobs}")
     return path
+
+
+def rule_for_s(alert: str) -> float:
+    """An alert's `for:` in seconds, from the rules file Prometheus loaded."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == alert:
+                text = str(rule.get("for", "0s"))
+                return float(text[:-1]) * units[text[-1]]
+    raise KeyError(alert)
+
+
+def alerts(prom_port: int) -> dict[str, str]:
+    """alertname -> state ("pending" or "firing") of every active alert."""
+    return {a["labels"]["alertname"]: a["state"] for a in api(prom_port, "/api/v1/alerts")["data"]["alerts"]}
+
+
+def rule_evaluations(prom_port: int) -> list[str]:
+    return [g.get("lastEvaluation", "") for g in api(prom_port, "/api/v1/rules")["data"]["groups"]]
+
+
+def heavy_pids(s: Settings) -> list[int]:
+    """The heavy workers' pids, from their heartbeats (worker ids end in the pid)."""
+    r = redis.Redis.from_url(s.redis.address)
+    return [int(b["worker"].rsplit("-", 1)[1]) for b in read_heartbeats(r, s.redis.prefix, "heavy")]
 
 
 def test_prometheus_scrapes_every_agent_of_tierflow_up(settings_factory: Callable[..., Settings],
@@ -188,6 +225,47 @@ def test_prometheus_scrapes_every_agent_of_tierflow_up(settings_factory: Callabl
         assert answers_by_job.get("worker-light", 0) >= N_REQUESTS - 1, answers_by_job
         print(f"tierflow up ready in {up_s:.1f} s; Prometheus saw all {len(JOBS)} targets up and "
               f"tierflow_requests_total={requests_by_job['ingest']:.0f} in {scrape_s:.1f} s")
+
+        # A healthy stack fires nothing, and holds nothing pending: let every rule group evaluate a few times.
+        seen = rule_evaluations(prom_port)
+        deadline = time.monotonic() + 30
+        changes = 0
+        while changes < 3 and time.monotonic() < deadline:
+            time.sleep(1.0)
+            now = rule_evaluations(prom_port)
+            if all(a != b for a, b in zip(now, seen, strict=True)):
+                changes, seen = changes + 1, now
+        assert changes >= 3, f"Prometheus did not evaluate the rules: {api(prom_port, '/api/v1/rules')}"
+        assert alerts(prom_port) == {}, f"alerts on a healthy stack: {api(prom_port, '/api/v1/alerts')}"
+        healthy_now = api(prom_port, "/api/v1/query", query="min(tierflow_heavy_healthy)")["data"]["result"]
+        assert [r["value"][1] for r in healthy_now] == ["1"], healthy_now
+
+        if s.kafka.embedded and s.embedded.broker == "tansu":
+            print("heavy-stop phase not run on tansu: it reads metrics only and ran on the default broker's pass")
+            return
+        pids = heavy_pids(s)
+        assert pids, "no heavy worker heartbeat"
+        for_s = rule_for_s("TierflowHeavyDegraded")
+        t_stop = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            pending_s = firing_s = None
+            state: dict[str, str] = {}
+            while firing_s is None and time.monotonic() - t_stop < for_s + 2 * DETECT_S:
+                state = alerts(prom_port)
+                if pending_s is None and "TierflowHeavyDegraded" in state:
+                    pending_s = time.monotonic() - t_stop
+                if state.get("TierflowHeavyDegraded") == "firing":
+                    firing_s = time.monotonic() - t_stop
+                time.sleep(1.0)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        assert pending_s is not None and pending_s <= DETECT_S, (pending_s, state)
+        assert firing_s is not None and firing_s <= for_s + DETECT_S, (firing_s, for_s, state)
+        print(f"heavy stopped: TierflowHeavyDegraded pending after {pending_s:.1f} s, firing after {firing_s:.1f} s "
+              f"(for: {for_s:.0f} s); also active: {sorted(set(state) - {'TierflowHeavyDegraded'})}")
     finally:
         stack.stop(timeout=20)
 
