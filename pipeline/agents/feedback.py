@@ -111,6 +111,7 @@ class Feedback:
         self.agg = Aggregator(agg_config(self.cfg))
         self.ctl_cfg = controller_config(self.cfg, settings.heartbeat.startup_s)
         self.state = ControllerState()
+        self.replays_ignored = 0  # replayed results seen and left out of the statistics
         self.restored = False
         self.thresholds: Thresholds | None = None
         self.last: TickResult | None = None
@@ -131,6 +132,10 @@ class Feedback:
             res = result_of(value)
             if res is None:
                 self.agg.invalid += 1
+            elif res.get("replay"):
+                # The controller steers live traffic: a backfill's answers wait behind its duty cycle (minutes
+                # of "latency" on an idle stack) and may route under pinned thresholds.
+                self.replays_ignored += 1
             else:
                 self.agg.add_result(res, now_ms)
             return

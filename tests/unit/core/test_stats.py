@@ -283,3 +283,17 @@ def test_agent_state_survives_a_restart_and_counts_nothing_twice() -> None:
     assert second.agg.invalid == 1
     w = second.measure(NOW)[0]
     assert w.text_finals == 31 and w.labeled == 20
+
+
+def test_the_agent_leaves_replayed_results_out_of_the_statistics() -> None:
+    """A backfill's answers wait behind its duty cycle (a tierflow up replaying a file measured light "p95" 100 s
+    and the controller wrote 14 threshold versions in 3 minutes on it): the controller steers live traffic only."""
+    from pipeline.agents.feedback import Feedback
+    from pipeline.settings import Settings
+
+    fb = Feedback(Settings(topic_prefix="t."))
+    fb.add("t.results", 0, 0, orjson.dumps({**rec("live", total=20.0)}), NOW, NOW)
+    fb.add("t.results", 0, 1, orjson.dumps({**rec("old", total=100_000.0), "replay": True}), NOW, NOW)
+    assert (fb.agg.observed, fb.replays_ignored) == (1, 1)
+    light = fb.measure(NOW)[0].tier("light")
+    assert light is not None and light.p95_ms is not None and light.p95_ms < 100
