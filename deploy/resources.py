@@ -1,8 +1,8 @@
 """Measure what each tierflow process uses and print the k8s requests and limits that follow from it.
 
-    tierflow up &                                   # or any stack of tierflow processes on this machine
-    tierflow replay --file traffic.jsonl --rate 50  # representative traffic, while it measures
-    python deploy/resources.py --seconds 120        # samples every process's RSS and CPU from /proc
+    tierflow up &                                       # or any stack of tierflow processes on this machine
+    python deploy/traffic.py --rate 12 --seconds 150 &  # live traffic (or your own), while it measures
+    python deploy/resources.py --seconds 120            # samples every process's RSS and CPU from /proc
 
 Per role (ingest, light, heavy, multimodal, feedback: found by their command lines), it takes the peak RSS and
 the mean and p95 CPU (cores) over the run. The suggestion: memory request = peak x 1.5 (the models' arenas

@@ -611,3 +611,22 @@ def test_image_pins_every_runtime_dependency_and_runs_as_non_root() -> None:
     for _, doc in k8s_docs():
         if doc["kind"] == "Deployment":
             assert doc["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == uid
+
+
+def test_the_resources_are_the_ones_docs_deploy_md_measured() -> None:
+    """The requests and limits of each Deployment are the table in docs/deploy.md "Resources" (measured by
+    deploy/resources.py): changing one without re-measuring, or the other, fails here."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    table = text[text.index("| role | 12 msg/s"):].split("\n\n", 1)[0].splitlines()[2:]
+    documented = {}
+    for row in table:
+        role, *_, manifest = [c.strip() for c in row.strip("|").split("|")]
+        requests, limits = manifest.split(" / ")
+        cpu, memory = requests.split(", ")
+        documented[role] = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": limits.split(" ")[0]}}
+    deployed = {}
+    for name, dep in k8s_by_kind("Deployment").items():
+        res = dep["spec"]["template"]["spec"]["containers"][0]["resources"]
+        deployed[name.removeprefix("tierflow-")] = {"requests": res["requests"],
+                                                    "limits": {"memory": res["limits"]["memory"]}}
+    assert len(documented) == 5 and deployed == documented
