@@ -1,0 +1,42 @@
+"""The e-commerce domain's data: the policy knowledge base keeps its own key facts, and the bilingual check set
+covers every intent in both languages (workers/domains/ecommerce/README.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICIES = json.loads((ROOT / "workers" / "domains" / "ecommerce" / "policies.json").read_text(encoding="utf-8"))
+CHECK = [json.loads(line) for line in (ROOT / "tests" / "data" / "ecommerce_check.jsonl").read_text(
+    encoding="utf-8").splitlines() if line.strip()]
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def test_every_policy_states_its_key_facts_in_both_languages() -> None:
+    policies = POLICIES["policies"]
+    assert len(policies) == 29 and {"product_price", "warranty_repair"} <= set(policies)
+    for intent, p in policies.items():
+        assert p["facts"], intent
+        for lang in ("en", "zh"):
+            assert p[lang].strip(), (intent, lang)
+            for fact in p["facts"]:
+                assert any(alt in p[lang] for alt in fact[lang]), (intent, lang, fact[lang])
+        assert CJK.search(p["zh"]) and not CJK.search(p["en"]), intent
+
+
+def test_the_check_set_covers_every_intent_in_both_languages() -> None:
+    intents = set(POLICIES["policies"])
+    assert len(CHECK) >= 100
+    langs = Counter(r["lang"] for r in CHECK)
+    assert langs["zh"] >= len(CHECK) / 2 - 1, langs
+    per = Counter((r["intent"], r["lang"]) for r in CHECK)
+    assert all(per[(i, lang)] >= 2 for i in intents for lang in ("en", "zh")), per
+    for r in CHECK:
+        assert r["intent"] in intents and set(r.get("also", [])) <= intents - {r["intent"]}, r
+        assert bool(CJK.search(r["text"])) == (r["lang"] == "zh"), r
+    assert len({r["text"] for r in CHECK}) == len(CHECK)
+    multi = [r for r in CHECK if r.get("also")]
+    assert len(multi) >= 10 and any("发票找不到了" in r["text"] for r in multi)
