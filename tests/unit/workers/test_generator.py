@@ -19,7 +19,7 @@ from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from workers.model import Item, Prediction
 from workers.models.generator import CausalLMGenerator, GeneratedAnswers, smollm2_gguf, with_generator
-from workers.models.prompts import GenerationRequest, build_messages, tidy
+from workers.models.prompts import GenerationRequest, build_messages, in_language, missing_facts, tidy
 from workers.models.registry import generator_from_settings
 
 CHAT_TEMPLATE = (
@@ -245,3 +245,34 @@ def test_an_exported_model_loads_from_its_directory_and_replies_the_same(
     again.setup("cpu")
     reqs = _reqs(3)
     assert again.generate(reqs) == tiny_gen.generate(reqs)
+
+
+@pytest.mark.parametrize(("text", "lang", "ok"), [
+    ("您好，请在“我的订单”中申请维修。", "zh", True),
+    ("Please open My Orders.", "zh", False),  # an English reply to a Chinese message
+    ("Please open My Orders.", "en", True),
+    ("请在我的订单中申请维修。", "en", False),  # qwen2.5-coder-0.5b answered English prompts in Chinese
+    ("Your 枫叶商城 order ships in 3-5 working days.", "en", True),  # a quoted name is not a reply in Chinese
+    ("", "en", False),
+    ("Bonjour", "fr", True),
+])
+def test_a_reply_is_in_the_language_it_was_asked_for(text: str, lang: str, ok: bool) -> None:
+    assert in_language(text, lang) is ok
+
+
+def test_missing_facts_tolerates_spacing_case_and_dashes_but_not_a_dropped_fact() -> None:
+    facts = (("1-year", "one year"), ("paid repair",), ("My Orders",))
+    assert missing_facts("It has a 1 year warranty; a cracked screen is a Paid  Repair. Open my orders.", facts) == []
+    assert missing_facts("It has a one‑year warranty. Open My Orders > Repair.", facts) == [1]
+    assert missing_facts("屏幕碎裂属于付费维修，保修期30 天。", (("付费维修",), ("30天",))) == []
+    assert missing_facts("anything", ()) == []
+
+
+def test_a_reply_that_drops_a_policy_fact_falls_back_to_the_template() -> None:
+    gen = ScriptedGenerator(["Returns are accepted within 30 days.", "Returns are accepted for a while."])
+    model = with_generator(KeywordClassifier(), generator=gen,
+                           facts_for=lambda intent, lang: (("30 days", "thirty days"),))
+    preds = model.predict([Item("card declined"), Item("declined again")])
+    assert preds[0].answer == "Returns are accepted within 30 days." and preds[0].model == "kw+scripted"
+    assert preds[1].answer == "template:declined_card_payment:en" and preds[1].model == "kw"
+    assert gen.seen[0].facts == (("30 days", "thirty days"),)
