@@ -40,3 +40,20 @@ def test_the_check_set_covers_every_intent_in_both_languages() -> None:
     assert len({r["text"] for r in CHECK}) == len(CHECK)
     multi = [r for r in CHECK if r.get("also")]
     assert len(multi) >= 10 and any("发票找不到了" in r["text"] for r in multi)
+
+
+def test_no_training_line_is_in_the_check_set() -> None:
+    import csv
+
+    data = ROOT / "workers" / "data"
+    train = {json.loads(line)["text"] for line in (data / "ecommerce" / "train_zh.jsonl").read_text(
+        encoding="utf-8").splitlines() if line.strip()}
+    for path in (data / "ecommerce" / "train_en_extra.csv", data / "bitext" / "train.csv",
+                 data / "bitext" / "test.csv"):
+        with path.open(newline="", encoding="utf-8") as f:
+            train |= {row["text"] for row in csv.DictReader(f)}
+    fold = {t.strip().casefold() for t in train}
+    assert not [r["text"] for r in CHECK if r["text"].strip().casefold() in fold]
+    zh = Counter(json.loads(line)["category"] for line in (data / "ecommerce" / "train_zh.jsonl").read_text(
+        encoding="utf-8").splitlines() if line.strip())
+    assert set(zh) == set(POLICIES["policies"]) and min(zh.values()) >= 6
