@@ -215,9 +215,12 @@ def test_heavy_bound_traffic_waits_for_a_heavy_worker_that_is_starting(settings_
     with Live(s, "live", 50, texts=["z" * 80]) as traffic:  # heavy-bound (length over 50)
         time.sleep(2.0)  # no heavy heartbeat yet: ingest started seconds ago, so its workers may be announcing
         heavy = Worker(s, Tier.HEAVY, SlowStart())
-        running.start(heavy)  # announces at once, ready 4 s later
-        time.sleep(6.0)
+        running.start(heavy)  # announces at once; ready once loaded (4 s) and in its group (tansu: seconds more)
+        deadline = time.monotonic() + 60
+        while not heavy.ready and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert heavy.ready
+        time.sleep(2.0)  # and traffic while it answers
     got = values(drain(answers, lambda ms: len(ms) >= len(traffic.sent), timeout=60))
     answers.close()
     assert {a["request_id"] for a in got} == set(traffic.sent)
