@@ -491,11 +491,15 @@ def main(settings: Settings) -> int:
     if not fb.restore_io():
         log.warning("feedback: starting without the saved state; it is merged in once Redis answers")
     app = build_app(fb)
-    # Ready once the control loop has run: the consumers joined and the thresholds were read and judged.
-    READINESS.require(lambda: {"controller_ticked": fb.ticks > 0})
+    # Ready once the control loop has run: the consumers joined and the thresholds were read and judged. /ready and
+    # the heartbeat say it from the same check.
+    def readiness() -> dict[str, bool]:
+        return {"controller_ticked": fb.ticks > 0}
+
+    READINESS.require(readiness)
     beat = Heartbeat(fb.r, settings.redis.prefix, AGENT, f"feedback-{socket.gethostname()}-{os.getpid()}",
                      settings.heartbeat.interval_s, settings.heartbeat.ttl_s,
-                     lambda: {"agent": "feedback", "ready": fb.ticks > 0}).start()
+                     lambda: {"agent": "feedback", "ready": all(readiness().values())}).start()
     worker = _Worker(app, loglevel=logging.getLevelName(logging.getLogger().level), quiet=True,
                      redirect_stdouts=False, override_logging=False)
     worker.spinner = None

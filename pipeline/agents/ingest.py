@@ -81,8 +81,8 @@ class HealthMonitor:
     `startup_s` and `announce_s`: `settings.heartbeat` (a start-up in progress is not a breach: core/health.py).
     """
 
-    def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, interval_s: float = 0.25,
-                 startup_s: float = 300.0, announce_s: float = 15.0) -> None:
+    def __init__(self, r: redis.Redis, prefix: str, cache: ThresholdCache, startup_s: float, announce_s: float,
+                 interval_s: float = 0.25) -> None:
         self.r, self.prefix, self.cache, self.interval_s = r, prefix, cache, interval_s
         self.startup_s, self.announce_s = startup_s, announce_s
         self.state = HealthState(HEALTHY)
