@@ -189,7 +189,7 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        return self.warm and self.assigned
+        return all(self.readiness().values())
 
     def status(self) -> dict[str, Any]:
         recent_p95, recent_n = self.live_latency.recent_p95(RECENT_S)
