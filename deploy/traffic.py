@@ -5,8 +5,9 @@ measures.
     python deploy/traffic.py --rate 12 --seconds 150 &
     python deploy/resources.py --seconds 120
 
-The mix is the packaged data (workers/data): 75% English BANKING77 test questions, 20% their Chinese
-translations, 5% photos with a line of text (an order number on a white card: the OCR tier's work). The broker
+The mix is the packaged data of the default e-commerce pack (workers/data): 75% English Bitext test questions,
+20% tierflow's Chinese shop messages, 5% photos with a line of text (an order number on a white card: the OCR
+tier's work). The broker
 and topic prefix come from the settings (`TIERFLOW_KAFKA_BOOTSTRAP`, `TIERFLOW_TOPIC_PREFIX`), as for `tierflow
 send`. Each message carries `ts`, so the answers' end-to-end times mean what they say.
 """
@@ -43,10 +44,10 @@ def texts(data: Path = DATA) -> tuple[list[str], list[str]]:
     """(English, Chinese) customer messages from the packaged data."""
     import orjson
 
-    with (data / "banking77" / "test.csv").open(newline="") as f:
+    with (data / "bitext" / "test.csv").open(newline="", encoding="utf-8") as f:
         en = [row["text"] for row in csv.DictReader(f)]
-    zh = [orjson.loads(line)["text"] for line in (data / "banking77_zh" / "train_zh.jsonl").read_text().splitlines()
-          if line.strip()]
+    zh = [orjson.loads(line)["text"] for line in (data / "ecommerce" / "train_zh.jsonl").read_text(
+        encoding="utf-8").splitlines() if line.strip()]
     return en, zh
 
 

@@ -187,9 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, default=Path("report"), help="output directory (./report)")
     sp.add_argument("--minutes", type=float, help="only the last N minutes of results (default: all)")
 
-    sp = add("train", "Train the light, heavy and multilingual heads on a text,category CSV.")
-    sp.add_argument("--data", type=Path, required=True, help="training CSV with columns text,category")
-    sp.add_argument("--test", type=Path, help="test CSV (default: a held-out split of --data)")
+    sp = add("train", "Train the light, heavy and multilingual heads for a domain pack or on a text,category CSV.")
+    sp.add_argument("--domain", help="a domain pack ('ecommerce', 'banking' or a pack's directory): its training "
+                                     "data, test set, Chinese lines and answers, unless --data/--test say otherwise")
+    sp.add_argument("--data", type=Path, help="training CSV with columns text,category (default: the pack's)")
+    sp.add_argument("--test", type=Path, help="test CSV (default: the pack's, else a held-out split of --data)")
     # The training command's own flags (workers/training/run.py build_parser; a test keeps the two equal). No
     # default for --out: unset, training picks TIERFLOW_ARTIFACTS_DIR or ./artifacts and says how to serve it.
     sp.add_argument("--out", type=Path, help="artefact root; a new version directory goes under it "

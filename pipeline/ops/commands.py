@@ -376,8 +376,8 @@ def cmd_fault(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from workers.training.run import main as train_main
 
-    argv = ["--data", str(args.data)]
-    for flag in ("test", "out", "models", "seed", "epochs"):
+    argv: list[str] = []
+    for flag in ("domain", "data", "test", "out", "models", "seed", "epochs"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag}", str(getattr(args, flag))]
     return train_main(argv)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = json.loads((ROOT / "workers" / "domains" / "ecommerce" / "policies.json").read_text(encoding="utf-8"))
-CHECK = [json.loads(line) for line in (ROOT / "tests" / "data" / "ecommerce_check.jsonl").read_text(
+CHECK = [json.loads(line) for line in (ROOT / "workers" / "domains" / "ecommerce" / "check.jsonl").read_text(
     encoding="utf-8").splitlines() if line.strip()]
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def test_every_policy_states_its_key_facts_in_both_languages() -> None:
-    policies = POLICIES["policies"]
+    policies = POLICIES["intents"]
     assert len(policies) == 29 and {"product_price", "warranty_repair"} <= set(policies)
     for intent, p in policies.items():
         assert p["facts"], intent
@@ -28,7 +28,7 @@ def test_every_policy_states_its_key_facts_in_both_languages() -> None:
 
 
 def test_the_check_set_covers_every_intent_in_both_languages() -> None:
-    intents = set(POLICIES["policies"])
+    intents = set(POLICIES["intents"])
     assert len(CHECK) >= 100
     langs = Counter(r["lang"] for r in CHECK)
     assert langs["zh"] >= len(CHECK) / 2 - 1, langs
@@ -56,4 +56,4 @@ def test_no_training_line_is_in_the_check_set() -> None:
     assert not [r["text"] for r in CHECK if r["text"].strip().casefold() in fold]
     zh = Counter(json.loads(line)["category"] for line in (data / "ecommerce" / "train_zh.jsonl").read_text(
         encoding="utf-8").splitlines() if line.strip())
-    assert set(zh) == set(POLICIES["policies"]) and min(zh.values()) >= 6
+    assert set(zh) == set(POLICIES["intents"]) and min(zh.values()) >= 6

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
 from workers.model import BuildModel
-from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
+from workers.models.common import CalibratedClassifier, FloatArray, domain_artifacts
 
 IntArray = npt.NDArray[np.int64]
 _WORD = re.compile(r"(?u)\b\w+\b")
@@ -172,9 +172,11 @@ class CharNgramClassifier(CalibratedClassifier):
 
     @classmethod
     def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> CharNgramClassifier:
-        """The trained model from `settings.artifacts_dir`, or the packaged one."""
-        version = resolve_artifacts(settings.artifacts_dir)
-        return cls.load(version.file("charngram"), version.labels)
+        """The trained model from `settings.artifacts_dir`, or the domain pack's, answering from the pack."""
+        version, domain = domain_artifacts(settings)
+        model = cls.load(version.file("charngram"), version.labels)
+        model.answers = domain.answers
+        return model
 
     @classmethod
     def load(cls, path: Path, labels: Sequence[str]) -> CharNgramClassifier:

@@ -9,15 +9,18 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.errors import ConfigError
+from workers.domains import DEFAULT, AnswerBook, Domain, about_order, load_domain
 from workers.model import Item, Prediction
-from workers.templates import answer_for
 
-PACKAGED_ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 
@@ -54,8 +57,8 @@ class ArtifactVersion:
 
 def resolve_artifacts(root: Path | None) -> ArtifactVersion:
     """The artefact version to load: `root` itself when it holds a manifest, else the version its
-    LATEST file names, else its newest version directory. `None` means the packaged artefacts."""
-    root = PACKAGED_ARTIFACTS if root is None else Path(root)
+    LATEST file names, else its newest version directory. `None` means the default domain's packaged artefacts."""
+    root = load_domain(DEFAULT).artifacts if root is None else Path(root)
     if (root / MANIFEST).is_file():
         path = root
     elif (root / LATEST).is_file():
@@ -69,6 +72,22 @@ def resolve_artifacts(root: Path | None) -> ArtifactVersion:
     return ArtifactVersion(path, manifest)
 
 
+def domain_artifacts(settings: Settings) -> tuple[ArtifactVersion, Domain]:
+    """The artefact version a worker serves (`artifacts_dir`, else the domain pack's own) and its domain pack.
+
+    Artefacts trained for another domain are refused: their labels would meet the wrong answers. Artefacts trained
+    on a bare CSV (no `--domain`) name none and are served with this domain's answers where their labels have one.
+    """
+    domain = load_domain(settings.domain)
+    version = resolve_artifacts(settings.artifacts_dir or domain.artifacts)
+    trained_for = version.manifest.get("domain")
+    if trained_for is not None and trained_for != domain.name:
+        raise ConfigError(f"artefacts {version.path} were trained for domain {trained_for!r}, "
+                          f"not {domain.name!r} (TIERFLOW_DOMAIN): set TIERFLOW_DOMAIN to the pack they came "
+                          f"from, or train for this one with `tierflow train --domain {settings.domain}`")
+    return version, domain
+
+
 def softmax(logits: FloatArray, temperature: float = 1.0) -> FloatArray:
     """Row-wise softmax of `logits / temperature`, numerically stable."""
     z = logits / np.float32(temperature)
@@ -78,16 +97,25 @@ def softmax(logits: FloatArray, temperature: float = 1.0) -> FloatArray:
     return out
 
 
+# A message's second intent ("screen cracked, and I lost the invoice"): the runner-up when the model gives it at
+# least this probability. The heavy tier's writer then grounds its reply in both intents' policies.
+SECOND_INTENT_MIN = 0.15
+
+
 def to_predictions(
-    probs: FloatArray, labels: Sequence[str], batch: Sequence[Item], model: str
+    probs: FloatArray, labels: Sequence[str], batch: Sequence[Item], model: str, answers: AnswerBook
 ) -> list[Prediction]:
-    """One Prediction per row of `probs`: the top intent, its probability and its answer in the item's language."""
-    top = probs.argmax(axis=1)
+    """One Prediction per row of `probs`: the top intent, its probability, the runner-up when likely too, and the
+    intent's answer in the item's language (naming the order the message gives, if any)."""
+    order = np.argsort(-probs, axis=1)[:, :2]
     out = []
-    for item, k, row in zip(batch, top, probs, strict=True):
-        intent = labels[int(k)]
+    for item, ks, row in zip(batch, order, probs, strict=True):
+        k = int(ks[0])
+        intent = labels[k]
         conf = min(1.0, max(0.0, float(row[k])))
-        out.append(Prediction(intent=intent, confidence=conf, answer=answer_for(intent, item.lang), model=model))
+        also = labels[int(ks[1])] if len(ks) > 1 and float(row[ks[1]]) >= SECOND_INTENT_MIN else None
+        answer = about_order(answers.answer(intent, item.lang), item.text, item.lang)
+        out.append(Prediction(intent=intent, confidence=conf, answer=answer, model=model, also=also))
     return out
 
 
@@ -97,6 +125,7 @@ class CalibratedClassifier:
     name: str
     labels: list[str]
     temperature: float
+    answers: AnswerBook | None = None  # the domain's; `from_settings` sets it, else the default domain's
 
     def logits(self, texts: Sequence[str]) -> FloatArray:
         raise NotImplementedError
@@ -109,4 +138,4 @@ class CalibratedClassifier:
         if not batch:
             return []
         probs = self.probabilities([it.text for it in batch])
-        return to_predictions(probs, self.labels, batch, self.name)
+        return to_predictions(probs, self.labels, batch, self.name, self.answers or load_domain(DEFAULT).answers)

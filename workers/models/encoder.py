@@ -26,7 +26,7 @@ from pipeline.settings import Settings
 from workers.devices import resolve_device
 from workers.model import BuildModel
 from workers.models.charngram import CharNgramClassifier
-from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
+from workers.models.common import CalibratedClassifier, FloatArray, domain_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,12 @@ class EncoderClassifier(CalibratedClassifier):
 
     @classmethod
     def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> EncoderClassifier:
-        """The trained head and tuned layers from `settings.artifacts_dir`, or the packaged ones."""
-        version = resolve_artifacts(settings.artifacts_dir)
+        """The trained head and tuned layers from `settings.artifacts_dir`, or the domain pack's."""
+        version, domain = domain_artifacts(settings)
         char = version.file("charngram") if "charngram" in version.manifest["models"] else None
-        return cls.load(version.file("minilm"), version.labels, char)
+        model = cls.load(version.file("minilm"), version.labels, char)
+        model.answers = domain.answers
+        return model
 
     @classmethod
     def load(cls, path: Path, labels: Sequence[str], char_path: Path | None = None) -> EncoderClassifier:

@@ -101,7 +101,8 @@ class OpenAIChatClassifier:
                  max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
                  fallback: InferenceModel | None = None, answer_for: Callable[[str, str], str] | None = None,
                  max_tokens: int = 256, generate_max_tokens: int = 64, json_mode: bool = True,
-                 confidence: float = LLM_CONFIDENCE, transport: httpx.BaseTransport | None = None) -> None:
+                 confidence: float = LLM_CONFIDENCE, transport: httpx.BaseTransport | None = None,
+                 business: str = "a bank's card and payments app") -> None:
         if not labels:
             raise ConfigError("OpenAIChatClassifier needs the allowed intent labels")
         self.base_url = base_url.rstrip("/")
@@ -109,6 +110,7 @@ class OpenAIChatClassifier:
         self.labels = list(labels)
         self.fallback = fallback
         self.answer_for = answer_for
+        self.business = business  # who the customer writes to, for the prompt
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -137,18 +139,20 @@ class OpenAIChatClassifier:
         fallback is the multilingual `zh_model`, built by `build` when one is set, and a reply that is missing or in
         the wrong language becomes the intent's answer template; as a generator (`from_settings(settings)`) it needs
         neither."""
+        from workers.domains import load_domain
+
+        domain = load_domain(settings.domain)
         fallback: InferenceModel | None = None
         answer_for: Callable[[str, str], str] | None = None
         if build is not None and tier is not None:
-            from workers.templates import answer_for as template_answer
-
-            answer_for = template_answer
+            answer_for = domain.answers.answer
             fallback = build(settings.zh_model, settings, tier) if settings.zh_model else None
         if not settings.http.base_url:
             raise ConfigError("the http backend needs TIERFLOW_HTTP_BASE_URL (e.g. http://vllm:8000/v1)")
-        return cls(settings.http.base_url, settings.http.model, banking77_labels(),
+        return cls(settings.http.base_url, settings.http.model, sorted(domain.answers.known()),
                    api_key=settings.http.api_key, timeout_s=settings.http.timeout_s, fallback=fallback,
-                   answer_for=answer_for, generate_max_tokens=settings.generator.max_new_tokens)
+                   answer_for=answer_for, generate_max_tokens=settings.generator.max_new_tokens,
+                   business=domain.business_of("en"))
 
     # --- InferenceModel ---
     def setup(self, device: str) -> None:
@@ -210,7 +214,7 @@ class OpenAIChatClassifier:
     def _classify_messages(self, item: Item) -> list[dict[str, str]]:
         language = language_name(item.lang)
         system = (
-            "You classify customer messages for a bank's card and payments app and answer them.\n"
+            f"You classify customer messages for {self.business} and answer them.\n"
             'Respond with only a JSON object: {"intent": "<label>", "answer": "<reply>"}.\n'
             f"<label> is exactly one of: {', '.join(self.labels)}.\n"
             f"<reply> is a short, helpful reply to the customer in {language}; never invent account details."

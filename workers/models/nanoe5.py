@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
 from workers.model import BuildModel
-from workers.models.common import CalibratedClassifier, FloatArray, resolve_artifacts
+from workers.models.common import CalibratedClassifier, FloatArray, domain_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,11 @@ class E5Classifier(CalibratedClassifier):
 
     @classmethod
     def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> E5Classifier:
-        """The trained head from `settings.artifacts_dir`, or the packaged one."""
-        version = resolve_artifacts(settings.artifacts_dir)
-        return cls.load(version.file("e5"), version.labels)
+        """The trained head from `settings.artifacts_dir`, or the domain pack's."""
+        version, domain = domain_artifacts(settings)
+        model = cls.load(version.file("e5"), version.labels)
+        model.answers = domain.answers
+        return model
 
     @classmethod
     def load(cls, path: Path, labels: Sequence[str]) -> E5Classifier:

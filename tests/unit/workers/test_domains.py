@@ -1,0 +1,141 @@
+"""Domain packs: the built-in e-commerce and banking packs, a user's own pack without code, and the artefacts that
+go with each (a worker refuses another domain's)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.contracts.topics import Tier
+from pipeline.errors import ConfigError
+from pipeline.settings import Settings
+from workers.domains import about_order, load_domain, order_id
+from workers.model import Item
+from workers.models.charngram import CharNgramClassifier
+from workers.models.common import domain_artifacts
+from workers.training.config import TrainConfig
+from workers.training.run import main as train_main
+from workers.training.run import train
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def test_the_built_in_packs_load_with_their_answers_and_facts() -> None:
+    shop, bank = load_domain("ecommerce"), load_domain("banking")
+    assert shop.name == "ecommerce" and bank.name == "banking"
+    assert {"warranty_repair", "product_price", "track_order"} <= shop.answers.known()
+    assert len(bank.answers.known()) == 77
+    assert "1-year" in shop.answers.answer("warranty_repair", "en")
+    assert CJK.search(shop.answers.answer("warranty_repair", "zh-CN"))
+    facts = shop.answers.facts("warranty_repair", "zh")
+    assert ("付费维修",) in facts and all(CJK.search(f[0]) for f in facts)
+    assert "online shop" in shop.business_of("en") and CJK.search(shop.business_of("zh"))
+    assert shop.check is not None and shop.test is not None and len(shop.train) == 2
+    assert shop.builtin and (shop.artifacts / "LATEST").is_file()
+
+
+@pytest.mark.parametrize("spec", ["no-such-pack", "/nonexistent/dir"])
+def test_an_unknown_pack_is_one_line_naming_what_is_expected(spec: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_domain(spec)
+    msg = str(e.value)
+    assert "\n" not in msg and spec in msg and "domain.json" in msg and "ecommerce" in msg
+
+
+def _pack(root: Path, answers: dict[str, object] | None = None) -> Path:
+    """A user's shop: two intents, twenty lines each, answers in both languages."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [(f"where is my parcel number {i}", "track_parcel") for i in range(20)]
+    rows += [(f"the socks I got are the wrong size {i}", "wrong_size") for i in range(20)]
+    with (root / "train.csv").open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "category"])
+        w.writerows(rows)
+    book = answers if answers is not None else {
+        "fallback": {"en": "We will get back to you.", "zh": "我们会尽快回复您。"},
+        "intents": {"track_parcel": {"en": "Parcels arrive in 2 days.", "zh": "包裹2天内送达。",
+                                     "facts": [{"en": ["2 days"], "zh": ["2天"]}]},
+                    "wrong_size": {"en": "Swap the size free within 60 days.", "zh": "60天内免费换码。"}}}
+    (root / "answers.json").write_text(json.dumps(book, ensure_ascii=False), encoding="utf-8")
+    (root / "domain.json").write_text(json.dumps({"name": "sockshop", "answers": "answers.json",
+                                                  "train": "train.csv", "business": {"en": "a sock shop"}}))
+    return root
+
+
+def test_a_users_pack_trains_and_serves_without_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pack = _pack(tmp_path / "sockshop")
+    assert train_main(["--domain", str(pack), "--models", "charngram"]) == 0
+    assert f"serve it with TIERFLOW_DOMAIN={pack}" in capsys.readouterr().out
+    version, _ = domain_artifacts(Settings(domain=str(pack)))
+    assert version.path.parent == pack / "artifacts" and version.manifest["domain"] == "sockshop"
+    model = CharNgramClassifier.from_settings(Settings(domain=str(pack)), Tier.LIGHT)
+    model.setup("cpu")
+    preds = model.predict([Item("where is my parcel number 7"), Item("the socks are the wrong size 3", "zh")])
+    assert [p.intent for p in preds] == ["track_parcel", "wrong_size"]
+    assert preds[0].answer == "Parcels arrive in 2 days." and preds[1].answer == "60天内免费换码。"
+
+
+def test_artefacts_of_another_domain_are_refused_in_one_line(tmp_path: Path) -> None:
+    pack = _pack(tmp_path / "sockshop")
+    banking = load_domain("banking").artifacts
+    with pytest.raises(ConfigError) as e:
+        domain_artifacts(Settings(domain=str(pack), artifacts_dir=banking))
+    assert "\n" not in str(e.value) and "'banking'" in str(e.value) and "'sockshop'" in str(e.value)
+    with pytest.raises(ConfigError):
+        CharNgramClassifier.from_settings(Settings(domain="ecommerce", artifacts_dir=banking), Tier.LIGHT)
+
+
+@pytest.mark.parametrize(("book", "wrong"), [
+    ({"fallback": {"en": "x", "zh": "y"}, "intents": {"a": {"en": "only English"}}}, "'zh'"),
+    ({"intents": {}}, "fallback"),
+])
+def test_a_broken_pack_is_one_line(tmp_path: Path, book: dict[str, object], wrong: str) -> None:
+    pack = _pack(tmp_path / "broken", answers=book)
+    with pytest.raises(ConfigError) as e:
+        load_domain(pack)
+    assert "\n" not in str(e.value) and wrong in str(e.value)
+
+
+def test_training_a_built_in_pack_uses_its_data_and_writes_its_name(tmp_path: Path) -> None:
+    report = train(None, tmp_path, None, TrainConfig(models=("charngram",), char_l2_grid=(1e-5,)),
+                   load_domain("ecommerce"))
+    manifest = json.loads((report.path / "manifest.json").read_text())
+    assert manifest["domain"] == "ecommerce" and len(manifest["labels"]) == 29
+    assert manifest["data"]["train_csv"] == "train.csv+train_en_extra.csv" and report.n_test == 902
+    # every data directory's licence travels with the weights (Bitext's CDLA-Sharing among them)
+    assert "Community Data License Agreement – Sharing" in (report.path / "DATA-bitext-LICENSE").read_text()
+    assert report.accuracies["charngram"] > 0.95
+
+
+@pytest.mark.parametrize(("text", "oid"), [
+    ("where is order #58213?", "58213"), ("我的订单号：58213到哪了", "58213"),
+    ("cancel purchase 732201349959", "732201349959"), ("Order No. ORD-20261130-77", "ORD-20261130-77"),
+    ("I ordered 2 items", None), ("my order 12 is late", None),
+])
+def test_the_order_number_a_message_gives_is_found(text: str, oid: str | None) -> None:
+    assert order_id(text) == oid
+
+
+def test_an_answer_names_the_order_the_message_gives() -> None:
+    assert about_order("It ships tomorrow.", "where is order 58213", "en") == "Order 58213: It ships tomorrow."
+    assert about_order("明天发货。", "订单58213到哪了", "zh") == "订单 58213：明天发货。"
+    assert about_order("It ships tomorrow.", "where is my parcel", "en") == "It ships tomorrow."
+
+
+@pytest.fixture(scope="module")
+def shop_light() -> CharNgramClassifier:
+    m = CharNgramClassifier.from_settings(Settings(), Tier.LIGHT)  # the default domain: e-commerce
+    m.setup("cpu")
+    return m
+
+
+def test_the_default_light_model_is_the_shops(shop_light: CharNgramClassifier) -> None:
+    preds = shop_light.predict([Item("my phone screen cracked, is it covered by the warranty?"),
+                                Item("how much does this phone cost?"),
+                                Item("where is my order 58213?")])
+    assert [p.intent for p in preds] == ["warranty_repair", "product_price", "track_order"]
+    assert "1-year" in preds[0].answer and preds[2].answer.startswith("Order 58213: ")
