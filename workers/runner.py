@@ -367,7 +367,7 @@ class Worker:
         escalate = fate.escalate
         produced = _now_ms()
         ans = answer(d, self.tier, "" if escalate else pred.answer, pred.intent, pred.confidence, pred.model,
-                     infer_ms, dequeued, produced)
+                     infer_ms, dequeued, produced, None if escalate else pred.fallback)
         answer_json, result_json = dump_answer_and_result(
             ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id))
         produce(out, self.topics.results, result_json, key)

@@ -201,6 +201,8 @@ class Answer(TypedDict):
     threshold_version: Annotated[int, Field(ge=0)]
     lang: NotRequired[str]
     answered_at: NotRequired[EpochMs]
+    fallback: NotRequired[bool]  # the writer's reply was not sent: the template was (why: fallback_reason)
+    fallback_reason: NotRequired[str]
 
 
 @with_config(_CLOSED)
@@ -237,15 +239,16 @@ class Result(Answer, ResultDetails):
 
 
 def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, model: str, inference_ms: float,
-           dequeued: int, produced: int) -> Answer:
-    """The answer of `tier` to the routed record `d` (times in epoch ms; `inference_ms` of this stage).
+           dequeued: int, produced: int, fallback: str | None = None) -> Answer:
+    """The answer of `tier` to the routed record `d` (times in epoch ms; `inference_ms` of this stage; `fallback`:
+    why a writer's reply was replaced by the template, if it was).
 
     Durations between two hosts' clocks are never negative.
     """
     esc = d.get("escalated_from")
     req = d["request"]
     received, ingested = d["received_ms"], d["ingested_ms"]
-    return {
+    out: Answer = {
         "request_id": req["id"],
         "user_id": req.get("user_id"),
         "answer": text,
@@ -267,6 +270,9 @@ def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, mod
         "lang": d["features"]["lang"],
         "answered_at": produced,
     }
+    if fallback is not None:
+        out["fallback"], out["fallback_reason"] = True, fallback
+    return out
 
 
 def result_details(d: Routed, stage: Tier, final: bool, dequeued: int, inferred: int, produced: int,

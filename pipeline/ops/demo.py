@@ -22,6 +22,25 @@ from pipeline.ops.samples import VIP_USER, requests
 from pipeline.settings import Settings
 
 
+def _writer(settings: Settings) -> tuple[str | None, str]:
+    """The heavy tier's writer for the demo: the configured one, else the packaged Qwen when `make writer` installed
+    it; (None, why) otherwise."""
+    if settings.heavy.generator:
+        return settings.heavy.generator, ""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None, "llama-cpp-python is not installed: `make writer`"
+    from pipeline.errors import ConfigError
+    from workers.models.llama import qwen_gguf
+
+    try:
+        qwen_gguf()  # assembled and verified here, before a worker's start-up waits on it
+    except ConfigError as e:
+        return None, str(e)
+    return "qwen", ""
+
+
 def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, console: Console) -> None:
     """Until every tier has a live worker (models loaded and warmed up)."""
     deadline = time.monotonic() + timeout_s
@@ -46,11 +65,15 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
         updates["kafka_port"] = free_port()  # a `tierflow up` may be running: don't fight over its port
     if settings.redis.embedded and port_open("127.0.0.1", settings.redis.port):
         updates["redis_port"] = free_port()
+    writer, why_not = _writer(settings)
+    if writer is not None:
+        updates["heavy_generator"] = writer
     s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:
         console.print(f"[bold]tierflow demo[/bold]: broker {s.kafka.servers}, Redis {s.redis.address}, "
-                      f"logs {stack.log_dir}/")
+                      f"logs {stack.log_dir}/; domain {s.domain}; heavy answers "
+                      + (f"written by {s.heavy.generator}" if s.heavy.generator else f"from templates ({why_not})"))
         r = make_redis(s, command=True)
         ThresholdStore(r, s.redis.prefix).vip_add(VIP_USER)
         reader = AnswerReader(s)
@@ -60,7 +83,7 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
             answers = _send_and_collect(s, reader, timeout_s, console)
         finally:
             reader.close()
-    _print(console, answers)
+    _print(console, answers, s.heavy.generator)
     missing = [q["id"] for q in requests() if q["id"] not in answers]
     if missing:
         console.print(f"[red]no answer for {', '.join(missing)}[/red]")
@@ -88,11 +111,14 @@ def _send_and_collect(s: Settings, reader: AnswerReader, timeout_s: float, conso
     return got
 
 
-def _print(console: Console, answers: dict[str, Any]) -> None:
-    texts = {q["id"]: q.get("text", "") for q in requests()}
+def _print(console: Console, answers: dict[str, Any], writer: str | None) -> None:
+    reqs = requests()
+    texts = {q["id"]: q.get("text", "") for q in reqs}
+    cases = {q["id"]: q["meta"]["case"] for q in reqs}
     wide = console.width >= 140
     table = Table(title="answers", show_lines=False)
     table.add_column("id", no_wrap=True, min_width=2)
+    table.add_column("case", no_wrap=True, min_width=5)
     table.add_column("message", overflow="ellipsis", no_wrap=True, max_width=40 if wide else 16)
     table.add_column("tier", no_wrap=True, min_width=10)
     table.add_column("rule", no_wrap=True, min_width=6)
@@ -104,20 +130,33 @@ def _print(console: Console, answers: dict[str, Any]) -> None:
     for rid in sorted(answers):
         a = answers[rid]
         tier = a["tier"] + ("+esc" if a["escalated"] else "") + ("+deg" if a["degraded"] else "")
-        row = [rid.removeprefix("demo-"), _short(texts.get(rid, ""), 60), tier, a["route_reason"].split(":")[0]]
+        row = [rid.removeprefix("demo-"), cases.get(rid, ""), _short(texts.get(rid, ""), 60), tier,
+               a["route_reason"].split(":")[0]]
         if wide:
             row.append(a["model"])
         row += [a["intent"], f"{a['confidence']:.2f}", str(a["timings_ms"]["total"])]
         table.add_row(*row)
     console.print(table)
     for rid in sorted(answers):
-        console.print(f"[bold]{rid}[/bold] ({answers[rid]['model']}): {_short(answers[rid]['answer'], 160)}",
+        a = answers[rid]
+        console.print(f"[bold]{rid}[/bold] ({a['model']}{_how(a, writer)}): {_short(a['answer'], 320)}",
                       highlight=False)
     split = Counter(a["tier"] for a in answers.values())
     reasons = Counter(a["route_reason"] for a in answers.values())
     esc = sum(1 for a in answers.values() if a["escalated"])
     console.print("routing summary: " + ", ".join(f"{t}={n}" for t, n in sorted(split.items()))
                   + f"; escalated={esc}; rules: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+
+
+def _how(a: dict[str, Any], writer: str | None) -> str:
+    """How a heavy answer was worded: written by the generator, or the template and why."""
+    if a["tier"] != "heavy":
+        return ""
+    if a.get("fallback"):
+        return f"; template: the writer's reply was not sent ({a.get('fallback_reason', '?')})"
+    if writer is None:
+        return "; template: no writer (TIERFLOW_HEAVY_GENERATOR unset; `make writer` installs the local one)"
+    return f"; written by {writer}"
 
 
 def _short(text: str, n: int) -> str:

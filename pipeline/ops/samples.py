@@ -1,4 +1,4 @@
-"""The demo's customer messages: English and Chinese, short and long, a VIP and one with a photo."""
+"""The demo's customer messages: the design article's cases, in English and Chinese."""
 
 from __future__ import annotations
 
@@ -8,24 +8,45 @@ from typing import Any
 
 VIP_USER = "vip-alice"
 
+# The design article's cases (电商智能客服), in English and Chinese: a price question for the light tier, the
+# warranty question with a lost invoice that the heavy tier answers in writing, a VIP, a photo of a cracked screen,
+# an order-tracking question with an order number, and a photo of an order page whose number OCR reads.
 SAMPLES: list[dict[str, Any]] = [
-    {"id": "demo-01", "user_id": "u-1001", "text": "My card still hasn't arrived"},
-    {"id": "demo-02", "user_id": "u-1002", "text": "How do I reset my PIN?"},
-    {"id": "demo-03", "user_id": "u-1003", "text": "Why was I charged a fee for a transfer?"},
-    {"id": "demo-04", "user_id": "u-1004",
-     "text": "I tried to pay for my groceries this morning and the card was declined twice even though "
-             "I have plenty of money in my account. What is going on and how do I fix it?"},
-    {"id": "demo-05", "user_id": "u-1005", "text": "I think someone stole my card and used it"},
-    {"id": "demo-06", "user_id": "u-1006", "text": "我的卡还没有收到"},
-    {"id": "demo-07", "user_id": "u-1007", "text": "转账为什么被收了手续费？"},
-    {"id": "demo-08", "user_id": "u-1008",
-     "text": "我昨天在国外的一家商店用卡付款，结果被拒绝了两次，可是我的账户里明明有足够的钱。"
-             "请问这是怎么回事？我应该怎么处理才能正常使用我的卡？"},
-    {"id": "demo-09", "user_id": VIP_USER, "text": "Can I get a refund for this purchase?"},
-    {"id": "demo-10", "user_id": "u-1010", "text": "hmm my thing"},
-    {"id": "demo-11", "user_id": "u-1011", "text": "My phone screen is cracked, see the photo", "image": "SCREEN"},
-    {"id": "demo-12", "user_id": "u-1012", "text": "What exchange rate do you use?"},
+    {"id": "demo-01", "user_id": "u-1001", "case": "price", "text": "How much is this phone?"},
+    {"id": "demo-02", "user_id": "u-1002", "case": "price", "text": "这个手机多少钱"},
+    {"id": "demo-03", "user_id": "u-1003", "case": "warranty",
+     "text": "I bought a phone from you last month and now the screen is cracked. I can't find the paper invoice "
+             "anywhere. Is it still covered by the warranty?"},
+    {"id": "demo-04", "user_id": "u-1004", "case": "warranty", "text": "我买的手机屏幕碎了，发票找不到了，能保修吗"},
+    {"id": "demo-05", "user_id": VIP_USER, "case": "vip", "text": "I want my money back for the headphones"},
+    {"id": "demo-06", "user_id": VIP_USER, "case": "vip", "text": "耳机不想要了，我要退款"},
+    {"id": "demo-07", "user_id": "u-1007", "case": "photo", "text": "My phone screen is cracked, see the photo",
+     "image": "CRACKED_SCREEN"},
+    {"id": "demo-08", "user_id": "u-1008", "case": "photo", "text": "手机屏幕摔碎了，看图", "image": "CRACKED_SCREEN"},
+    {"id": "demo-09", "user_id": "u-1009", "case": "order", "text": "Where is my order #58213?"},
+    {"id": "demo-10", "user_id": "u-1010", "case": "order", "text": "我的订单58213到哪了？"},
+    {"id": "demo-11", "user_id": "u-1011", "case": "order photo", "text": "has this one shipped yet?",
+     "image": "ORDER_PAGE"},
+    {"id": "demo-12", "user_id": "u-1012", "case": "vague", "text": "hmm my thing"},
 ]
+
+
+def render_cracked_screen(size: tuple[int, int] = (240, 420)) -> bytes:
+    """A PNG of a phone whose screen is cracked (no text on it: what a customer photographs)."""
+    from PIL import Image, ImageDraw
+
+    w, h = size
+    img = Image.new("RGB", size, (235, 235, 235))
+    draw = ImageDraw.Draw(img)
+    draw.rounded_rectangle((20, 10, w - 20, h - 10), radius=28, fill=(30, 30, 30))
+    draw.rectangle((34, 50, w - 34, h - 50), fill=(20, 40, 70))
+    hit = (w * 0.62, h * 0.38)  # the impact point, with cracks running out of it
+    for end in ((40, 60), (w - 40, 90), (50, h - 80), (w - 45, h - 60), (w / 2, h - 55), (34, h / 2)):
+        mid = ((hit[0] + end[0]) / 2 + 9, (hit[1] + end[1]) / 2 - 7)
+        draw.line((hit, mid, end), fill=(225, 230, 240), width=2)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
 
 
 def render_png(text: str, size: tuple[int, int] = (480, 160)) -> bytes:
@@ -45,11 +66,14 @@ def render_png(text: str, size: tuple[int, int] = (480, 160)) -> bytes:
 
 
 def requests() -> list[dict[str, Any]]:
-    """The samples as request.v1 objects (images rendered and base64-encoded)."""
+    """The samples as request.v1 objects (images rendered and base64-encoded; `case` kept in `meta`)."""
+    images = {"CRACKED_SCREEN": render_cracked_screen, "ORDER_PAGE": lambda: render_png("Order No. 58213",
+                                                                                         (560, 160))}
     out = []
     for s in SAMPLES:
         req = dict(s)
+        req["meta"] = {"case": req.pop("case")}
         if "image" in req:
-            req["image"] = {"data": base64.b64encode(render_png("SCREEN CRACKED")).decode(), "mime": "image/png"}
+            req["image"] = {"data": base64.b64encode(images[req["image"]]()).decode(), "mime": "image/png"}
         out.append(req)
     return out

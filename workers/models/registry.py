@@ -6,6 +6,7 @@ Imports are lazy so a light worker never imports torch's transformer stack or OC
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Protocol, cast
 
 from pipeline.contracts.topics import Tier
@@ -52,21 +53,30 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
     else:
         model = ByScript(main, build(settings.zh_model, settings, tier))
     if tier is Tier.HEAVY and settings.heavy.generator:
+        from workers.domains import load_domain
         from workers.models.generator import with_generator
 
-        model = with_generator(model, generator_from_settings(settings))
+        model = with_generator(model, generator_from_settings(settings), load_domain(settings.domain))
     return model
 
 
 def generator_from_settings(settings: Settings) -> Generator:
-    """The generator `settings.heavy.generator` names: 'smollm2', 'http' or a local model path."""
+    """The generator `settings.heavy.generator` names: 'qwen' (the packaged Qwen2.5-Coder-1.5B on llama.cpp),
+    'smollm2', 'http', a `.gguf` file (llama.cpp when installed, else transformers) or a model directory."""
     choice = settings.heavy.generator
+    g = settings.generator
     if not choice:
         raise ConfigError("heavy_generator is not set")
     if choice == "http":
         from workers.models.http import OpenAIChatClassifier
 
         return OpenAIChatClassifier.from_settings(settings)
+    if choice == "qwen" or (choice.endswith(".gguf") and importlib.util.find_spec("llama_cpp") is not None):
+        from workers.models.llama import LlamaCppGenerator, qwen_gguf
+
+        path = qwen_gguf() if choice == "qwen" else choice
+        return LlamaCppGenerator(path, g.max_new_tokens, name="qwen2.5-1.5b" if choice == "qwen" else None,
+                                 threads=g.threads, timeout_s=g.timeout_s)
     from workers.models.generator import CausalLMGenerator, smollm2_gguf
 
     if choice == "smollm2":

@@ -143,7 +143,7 @@ def test_an_escalation_carries_the_light_verdict_to_heavy() -> None:
 def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accept() -> None:
     d = fast_routed(orjson.dumps({**ROUTED, "request": {**ROUTED["request"], "label": "reset_pin"}}))
     assert d is not None
-    a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 1.2, "light-m", 0.4567, 10, 20)
+    a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 1.2, "light-m", 0.4567, 10, 20, fallback="timeout")
     answer_json, result_json = dump_answer_and_result(
         a, result_details(d, Tier.LIGHT, True, 10, 15, 20, 3, "w-1"))
     ans, res = orjson.loads(answer_json), orjson.loads(result_json)
@@ -153,7 +153,7 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
         "request_id": "r1", "user_id": "u1", "answer": "Here is how.", "intent": "reset_pin", "confidence": 1.0,
         "tier": "light", "model": "light-m", "escalated": False, "degraded": False, "route_reason": "short",
         "timings_ms": {"ingest": 1, "queue": 8, "inference": 0.457, "total": 19}, "replay": False,
-        "threshold_version": 1, "lang": "en", "answered_at": 20,
+        "threshold_version": 1, "lang": "en", "answered_at": 20, "fallback": True, "fallback_reason": "timeout",
     }
     assert {k: ans[k] for k in expected} == expected
     assert res == {**ans, "final": True, "stage": "light", "shadow": False, "features": FEATURES,
@@ -163,6 +163,13 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
     assert schema_ok("answer", ans) and schema_ok("result", res)
     assert validate_answer(ans) == ans and validate_result(res) == res
     assert answer_of(answer_json) == ans and result_of(result_json) == res
+
+
+def test_an_answer_without_a_writer_s_fallback_carries_no_fallback_mark() -> None:
+    d = fast_routed(orjson.dumps(ROUTED))
+    assert d is not None
+    a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 0.9, "light-m", 0.4, 10, 20)
+    assert "fallback" not in a and "fallback_reason" not in a and schema_ok("answer", dict(a))
 
 
 def test_the_heavy_answer_to_an_escalation_names_the_light_stage() -> None:

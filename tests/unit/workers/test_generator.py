@@ -7,6 +7,7 @@ template, left padding and budget code in a second. The slow test loads the pack
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
+from workers.domains import AnswerBook, Domain
 from workers.model import Item, Prediction
 from workers.models.generator import CausalLMGenerator, GeneratedAnswers, smollm2_gguf, with_generator
 from workers.models.prompts import GenerationRequest, build_messages, in_language, missing_facts, tidy
@@ -29,7 +31,7 @@ CHAT_TEMPLATE = (
 CORPUS = [
     "Customer message: my card payment was declined at the shop",
     "Thanks for reaching out. Please check your balance and try the payment again.",
-    "You are a customer-service assistant for a bank's card and payments app.",
+    "You are a customer-service assistant for a shop.",
     "Write a short, helpful reply to the customer in English.",
     "Topic: declined card payment. Our policy for this topic: retry or contact us.",
 ]
@@ -270,9 +272,48 @@ def test_missing_facts_tolerates_spacing_case_and_dashes_but_not_a_dropped_fact(
 
 def test_a_reply_that_drops_a_policy_fact_falls_back_to_the_template() -> None:
     gen = ScriptedGenerator(["Returns are accepted within 30 days.", "Returns are accepted for a while."])
-    model = with_generator(KeywordClassifier(), generator=gen,
-                           facts_for=lambda intent, lang: (("30 days", "thirty days"),))
+    model = with_generator(KeywordClassifier(), generator=gen, domain=_domain_with_facts())
     preds = model.predict([Item("card declined"), Item("declined again")])
     assert preds[0].answer == "Returns are accepted within 30 days." and preds[0].model == "kw+scripted"
+    assert preds[0].fallback is None
     assert preds[1].answer == "template:declined_card_payment:en" and preds[1].model == "kw"
+    assert preds[1].fallback == "missing_facts"
     assert gen.seen[0].facts == (("30 days", "thirty days"),)
+    assert gen.seen[0].business == "a test shop"
+
+
+def _domain_with_facts() -> Domain:
+    book = AnswerBook({"declined_card_payment": {"en": "Returns: 30 days.", "zh": "30天内退货。",
+                                                 "facts": [{"en": ["30 days", "thirty days"], "zh": ["30天"]}]},
+                       "card_arrival": {"en": "Cards arrive in 5 days.", "zh": "5天内到达。"}},
+                      {"en": "We will get back to you.", "zh": "我们会回复您。"})
+    return Domain(name="test", path=Path("."), business={"en": "a test shop"}, answers=book,
+                  answers_file=Path("answers.json"), train=(), test=None, multilingual=None, check=None)
+
+
+def test_the_second_intent_s_policy_grounds_the_reply_too() -> None:
+    gen = ScriptedGenerator(["Your card arrives in 5 days; returns within 30 days."])
+    clf = KeywordClassifier()
+    model = with_generator(_AlsoClassifier(clf), generator=gen, domain=_domain_with_facts())
+    preds = model.predict([Item("card declined and where is my card")])
+    assert gen.seen[0].also == "Cards arrive in 5 days."
+    assert preds[0].fallback is None and preds[0].model == "kw+scripted"
+
+
+class _AlsoClassifier:
+    """The keyword classifier, naming card_arrival as every message's second intent."""
+
+    def __init__(self, inner: KeywordClassifier) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def setup(self, device: str) -> None:
+        pass
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        return [dataclasses.replace(p, also="card_arrival") for p in self.inner.predict(batch)]
+
+
+def test_a_failing_generator_marks_every_answer_as_a_fallback() -> None:
+    model = with_generator(KeywordClassifier(), generator=ScriptedGenerator(RuntimeError("CUDA OOM")))
+    preds = model.predict([Item("card declined"), Item("hello")])
+    assert [p.fallback for p in preds] == ["error", "error"]

@@ -1,0 +1,146 @@
+"""The heavy tier's writer on held-out messages: language, the policy's key facts, fallbacks and latency per backend.
+
+    python -m bench.generation [--backend qwen,smollm2] [--n 100] [--write]
+
+Messages: the e-commerce pack's bilingual check set (never trained on), the first n/2 English and n/2 Chinese, each
+treated as heavy-routed: the heavy tier's classifier picks the intent (and a second one for a multi-issue message),
+the writer words a reply grounded in the intent's policy, and the guard (`workers.models.generator.unsendable`)
+decides whether it is sent or the template is. One message at a time, so each latency is one reply's.
+
+What is counted, per backend and language, on the writer's raw replies (before the guard): in the customer's
+language; keeping every key fact of the policy (automatic: `prompts.missing_facts`, the facts listed in
+workers/domains/ecommerce/policies.json); empty (the time budget ran out, or nothing came back). Sent answers are
+always in the right language and keep every fact: a reply that fails either is replaced by the template and counted
+as a fallback, with its reason. Every fallback is listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.common import write_section
+from pipeline.contracts.topics import Tier
+from pipeline.settings import Settings
+from workers.domains import load_domain
+from workers.model import Item, checked_predict
+from workers.models.generator import GeneratedAnswers, unsendable
+from workers.models.prompts import in_language, missing_facts
+
+
+@dataclass(frozen=True)
+class Reply:
+    rid: str
+    lang: str
+    intent: str  # the check set's
+    predicted: str
+    text: str
+    reason: str | None  # why the guard would not send it; None: sent
+    missing: list[str]
+    seconds: float
+
+
+def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: int, timeout_s: float) -> list[Reply]:
+    """Each message through the heavy classifier and `backend`'s writer, one at a time."""
+    from workers.models.registry import generator_from_settings, tier_model
+
+    s = Settings(domain="ecommerce", heavy_generator=backend, generator_max_new_tokens=max_new_tokens,
+                 generator_timeout_s=timeout_s)
+    classifier = tier_model(s.updated(heavy_generator=None), Tier.HEAVY)
+    gen = generator_from_settings(s)
+    model = GeneratedAnswers(classifier, gen, load_domain("ecommerce"))
+    model.setup("cpu")
+    out = []
+    for m in messages:
+        item = Item(m["text"], m["lang"])
+        pred = checked_predict(classifier, [item])[0]
+        req = model.request_for(item, pred)
+        t0 = time.perf_counter()
+        text = gen.generate([req])[0]
+        took = time.perf_counter() - t0
+        reason = unsendable(text, req)
+        missing = [req.facts[i][0] for i in missing_facts(text, req.facts)] if text.strip() else []
+        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, took))
+    return out
+
+
+def table(backend: str, replies: Sequence[Reply]) -> list[str]:
+    lines = []
+    for lang in ("en", "zh", "all"):
+        rs = [r for r in replies if lang in ("all", r.lang)]
+        if not rs:
+            continue
+        nonempty = [r for r in rs if r.text.strip()]
+        right_lang = sum(in_language(r.text, r.lang) for r in nonempty)
+        facts = sum(not r.missing for r in nonempty)
+        reasons = Counter(r.reason for r in rs if r.reason)
+        secs = sorted(r.seconds for r in rs)
+        p95 = secs[min(len(secs) - 1, round(0.95 * (len(secs) - 1)))]
+        lines.append(
+            f"| {backend} | {lang} | {len(rs)} | {sum(r.predicted == r.intent for r in rs) / len(rs):.0%} | "
+            f"{len(rs) - len(nonempty)} | {right_lang / max(1, len(nonempty)):.0%} | "
+            f"{facts / max(1, len(nonempty)):.0%} | {sum(r.reason is None for r in rs) / len(rs):.0%} | "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} | "
+            f"{statistics.median(secs):.1f} s | {p95:.1f} s |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="qwen", help="comma list of TIERFLOW_HEAVY_GENERATOR values")
+    ap.add_argument("--n", type=int, default=100, help="messages, half English, half Chinese")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="the writer's token budget (the setting's)")
+    ap.add_argument("--timeout", type=float, default=None, help="the writer's time budget per call, s")
+    ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
+    args = ap.parse_args(argv)
+    defaults = Settings().generator
+    budget = args.max_new_tokens or defaults.max_new_tokens
+    timeout = args.timeout or defaults.timeout_s
+    domain = load_domain("ecommerce")
+    assert domain.check is not None
+    rows = [json.loads(x) for x in domain.check.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for i, r in enumerate(rows):
+        r["id"] = f"check-{i:03d}"
+    half = args.n // 2
+    messages = [r for r in rows if r["lang"] == "en"][:half] + [r for r in rows if r["lang"] == "zh"][:half]
+    lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
+             "raw replies keeping every key fact | sent as written | fallbacks (reason) | p50 | p95 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    failures: list[str] = []
+    samples: list[str] = []
+    for backend in [b.strip() for b in args.backend.split(",") if b.strip()]:
+        replies = measure(backend, messages, budget, timeout)
+        lines += table(backend, replies)
+        for r in replies:
+            if r.reason:
+                failures.append(f"| {backend} | {r.rid} | {r.lang} | {r.predicted} | {r.reason} | "
+                                f"{', '.join(r.missing) or '-'} | {' '.join(r.text.split())[:90] or '(empty)'} |")
+        samples += [f"- {backend}, {r.rid} ({r.lang}, {r.predicted}): {' '.join(r.text.split())}"
+                    for r in replies[:: max(1, len(replies) // 4)][:4] if r.reason is None]
+    body = "\n".join([
+        f"Messages: {len(messages)} of the e-commerce check set ({half} English, {half} Chinese; never trained "
+        f"on), each as a heavy-routed message, one at a time, on the CPU. Token budget {budget}, time budget "
+        f"{timeout:.0f} s per call (`TIERFLOW_GENERATOR_MAX_NEW_TOKENS`, `TIERFLOW_GENERATOR_TIMEOUT_S`). "
+        "Latency: the writer's time per reply (the classifier's is in the accuracy section).",
+        "", *lines, "",
+        "Sent answers are all in the customer's language and keep every key fact: the guard sends the template "
+        "otherwise (the fallbacks column).", "",
+        "Fallbacks, each (the facts a reply dropped are given by their first spelling):", "",
+        "| backend | message | lang | intent | reason | missing facts | reply (start) |",
+        "|---|---|---|---|---|---|---|",
+        *(failures or ["| - | - | - | - | - | - | - |"]), "",
+        "Some replies that were sent:", "", *samples,
+    ])
+    print(body)
+    if args.write:
+        write_section("The heavy tier's writer", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
