@@ -1,0 +1,120 @@
+"""The llama.cpp generator: the packaged Qwen GGUF's integrity check, and real grounded replies from the real model.
+
+The integrity tests use small part files made here. The model tests load Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) with
+llama-cpp-python on the CPU and skip, saying why, where `make writer` has not installed them (~15 s when it has).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError
+from workers.models.llama import LlamaCppGenerator, assemble, qwen_gguf, verified
+from workers.models.prompts import GenerationRequest, Generator, in_language, missing_facts
+
+EN_POLICY = "Unworn items can be returned within 30 days of delivery for a full refund."
+ZH_POLICY = "未穿过的商品可在签收后30天内退货并全额退款。"
+EN = GenerationRequest("Can I still return the shoes I bought two weeks ago? I never wore them.", "en",
+                       "return_policy", EN_POLICY, (("30 days", "30-day", "thirty days"),))
+ZH = GenerationRequest("我两周前买的鞋子还没穿过，还能退货吗？", "zh", "return_policy", ZH_POLICY,
+                       (("30天", "三十天"),))
+
+
+def _parts(tmp_path: Path, chunks: list[bytes]) -> list[Path]:
+    paths = []
+    for i, chunk in enumerate(chunks, 1):
+        p = tmp_path / f"part{i:02d}.bin"
+        p.write_bytes(chunk)
+        paths.append(p)
+    return paths
+
+
+def test_assembled_file_matching_its_sha256_is_kept(tmp_path: Path) -> None:
+    chunks = [b"GGUF" + bytes(range(200)), b"tail" * 50]
+    want = hashlib.sha256(b"".join(chunks)).hexdigest()
+    dest = assemble(_parts(tmp_path, chunks), tmp_path / "cache" / "m.gguf", want)
+    assert dest.read_bytes() == b"".join(chunks)
+    assert verified(dest, want) == dest
+
+
+def test_corrupted_part_fails_the_sha256_check_and_leaves_no_file(tmp_path: Path) -> None:
+    chunks = [b"GGUF" + bytes(range(200)), b"tail" * 50]
+    want = hashlib.sha256(b"".join(chunks)).hexdigest()
+    parts = _parts(tmp_path, [chunks[0], b"tajl" * 50])  # one flipped byte in the second part
+    with pytest.raises(ConfigError, match="sha256"):
+        assemble(parts, tmp_path / "cache" / "m.gguf", want)
+    assert list((tmp_path / "cache").iterdir()) == []  # neither the model nor a half-written temp file
+
+
+def test_file_changed_after_its_check_is_hashed_again_and_rejected(tmp_path: Path) -> None:
+    chunks = [b"GGUF" + bytes(range(200))]
+    want = hashlib.sha256(chunks[0]).hexdigest()
+    dest = assemble(_parts(tmp_path, chunks), tmp_path / "m.gguf", want)
+    dest.write_bytes(b"GGUF" + bytes(range(199)) + b"\x00")  # same size, other bytes: a corrupted copy
+    with pytest.raises(ConfigError, match="sha256"):
+        verified(dest, want)
+
+
+def test_missing_llama_cpp_is_a_config_error_naming_the_install(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    gen = LlamaCppGenerator(tmp_path / "m.gguf", 8)
+    with pytest.raises(ConfigError, match="make writer"):
+        gen.setup("cpu")
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Iterator[LlamaCppGenerator]:
+    """The packaged Qwen2.5-Coder-1.5B-Instruct on the CPU, loaded once for the module."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make writer)")
+    try:
+        path = qwen_gguf()
+    except ConfigError as e:
+        pytest.skip(f"the Qwen GGUF is not installed (make writer): {e}")
+    # Two threads: decode measured 7.4 tok/s against 4.6 with llama-cpp-python's default (half the CPUs) on 2 cores.
+    gen = LlamaCppGenerator(path, max_new_tokens=64, name="qwen2.5-coder-1.5b", threads=2, timeout_s=60.0)
+    gen.setup("cpu")
+    yield gen
+
+
+# The tests run in file order and share one model: each starts with the prompt the one before it ended on, so
+# llama.cpp's prompt cache skips that prefill (~4 s each on a 2-core CPU).
+
+
+def test_grounded_replies_keep_the_fact_in_the_customers_language(qwen: LlamaCppGenerator) -> None:
+    assert isinstance(qwen, Generator)
+    zh, en = qwen.generate([ZH, EN])
+    assert in_language(zh, "zh") and not missing_facts(zh, ZH.facts), zh
+    assert in_language(en, "en") and not missing_facts(en, EN.facts), en
+    assert qwen.last_stats is not None and qwen.last_stats.sequences == 2 and qwen.last_stats.new_tokens > 0
+    assert all(r.first_token_s is not None and r.first_token_s <= r.seconds for r in qwen.last_replies)
+
+
+def test_token_budget_bounds_the_reply(qwen: LlamaCppGenerator) -> None:
+    qwen.max_new_tokens = 6
+    try:
+        (text,) = qwen.generate([EN])
+    finally:
+        qwen.max_new_tokens = 64
+    (reply,) = qwen.last_replies
+    assert reply.outcome == "length" and reply.new_tokens == 6
+    assert 0 < len(text.split()) <= 6
+
+
+def test_requests_past_the_time_budget_get_no_reply(qwen: LlamaCppGenerator) -> None:
+    qwen.timeout_s = 0.5  # less than a whole reply takes on a CPU: the first is cut mid-reply, the second never starts
+    try:
+        texts = qwen.generate([EN, ZH])
+    finally:
+        qwen.timeout_s = 60.0
+    assert texts == ["", ""]
+    cut, skipped = qwen.last_replies
+    assert (cut.outcome, skipped.outcome) == ("cut", "skipped")
+    assert cut.new_tokens < 64
+    # Stopped at the first token past the deadline (a prefill in progress cannot be interrupted; this one was cached).
+    assert qwen.last_stats is not None and qwen.last_stats.seconds < 0.5 + 2.0

