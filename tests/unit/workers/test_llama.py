@@ -77,7 +77,8 @@ def qwen() -> Iterator[LlamaCppGenerator]:
     except ConfigError as e:
         pytest.skip(f"the Qwen GGUF is not installed (make writer): {e}")
     # Two threads: decode measured 7.4 tok/s against 4.6 with llama-cpp-python's default (half the CPUs) on 2 cores.
-    gen = LlamaCppGenerator(path, max_new_tokens=64, name="qwen2.5-coder-1.5b", threads=2, timeout_s=60.0)
+    gen = LlamaCppGenerator(path, max_new_tokens=64, name="qwen2.5-coder-1.5b", threads=2,
+                            timeout_s=300.0)  # generous: only the time-budget test is about the clock
     gen.setup("cpu")
     yield gen
 
@@ -111,10 +112,11 @@ def test_requests_past_the_time_budget_get_no_reply(qwen: LlamaCppGenerator) -> 
     try:
         texts = qwen.generate([EN, ZH])
     finally:
-        qwen.timeout_s = 60.0
+        qwen.timeout_s = 300.0
     assert texts == ["", ""]
     cut, skipped = qwen.last_replies
     assert (cut.outcome, skipped.outcome) == ("cut", "skipped")
     assert cut.new_tokens < 64
     # Stopped at the first token past the deadline (a prefill in progress cannot be interrupted; this one was cached).
-    assert qwen.last_stats is not None and qwen.last_stats.seconds < 0.5 + 2.0
+    # The slack is one token on a machine loaded several times over; 64 tokens take 8 s on two idle cores.
+    assert qwen.last_stats is not None and qwen.last_stats.seconds < 0.5 + 5.0
