@@ -158,7 +158,7 @@ def qwen_gguf(cache_dir: Path | None = None) -> Path:
     return assemble(parts, dest, QWEN_GGUF_SHA256)
 
 
-Outcome = Literal["stop", "length", "cut", "skipped"]
+Outcome = Literal["stop", "length", "cut", "skipped", "overlong"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +166,8 @@ class ReplyTiming:
     """One request of a `generate` call, for benchmarks.
 
     outcome: "stop" (the model ended its reply), "length" (the token budget ended it; tidied), "cut" (the time
-    budget ended it: the reply is dropped), "skipped" (the time budget was spent before it started: "").
+    budget ended it: the reply is dropped), "skipped" (the time budget was spent before it started: ""),
+    "overlong" (prompt and token budget exceed the context window: "", and the other requests still answered).
     """
 
     outcome: Outcome
@@ -213,7 +214,8 @@ class LlamaCppGenerator:
         """`timeout_s`: the wall-clock budget of one `generate` call, in seconds; requests it does not reach get "".
         It is checked at every sampled token: a prompt's prefill in progress (~4 s for 160 tokens on 2 CPU cores)
         runs to its end first.
-        `threads`: llama.cpp's CPU threads (None: llama-cpp-python's default, half the CPUs)."""
+        `threads`: llama.cpp's CPU threads (None: llama-cpp-python's defaults: half the CPUs to decode, all to
+        prefill)."""
         self.gguf_path = Path(gguf_path)
         self.max_new_tokens = max_new_tokens
         self.name = name or self.gguf_path.stem
@@ -241,7 +243,8 @@ class LlamaCppGenerator:
             log.warning("generator %s: this llama-cpp-python build has no GPU offload; running on CPU", self.name)
             self.device, gpu = "cpu", False
         t0 = time.perf_counter()
-        kw: dict[str, Any] = {"n_threads": self.threads} if self.threads else {}
+        # Prefill threads too: llama-cpp-python defaults them to all CPUs whatever n_threads says.
+        kw: dict[str, Any] = {"n_threads": self.threads, "n_threads_batch": self.threads} if self.threads else {}
         llm = llama_cpp.Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_gpu_layers=-1 if gpu else 0,
                               verbose=False, **kw)
         template = llm.metadata.get("tokenizer.chat_template")
@@ -296,6 +299,8 @@ class LlamaCppGenerator:
 
         t0 = time.perf_counter()
         prompt = self.prompt_tokens(req)
+        if len(prompt) + max_tokens > self.n_ctx:  # llama-cpp-python would raise, costing the whole batch its replies
+            return "", ReplyTiming("overlong", time.perf_counter() - t0, None, len(prompt), 0)
         clock = _Clock(deadline)
         out = self._llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0,
                                           stop=[], stopping_criteria=StoppingCriteriaList([clock]))

@@ -120,3 +120,14 @@ def test_requests_past_the_time_budget_get_no_reply(qwen: LlamaCppGenerator) -> 
     # Stopped at the first token past the deadline (a prefill in progress cannot be interrupted; this one was cached).
     # The slack is one token on a machine loaded several times over; 64 tokens take 8 s on two idle cores.
     assert qwen.last_stats is not None and qwen.last_stats.seconds < 0.5 + 5.0
+
+
+def test_a_prompt_over_the_context_window_gets_no_reply_and_spares_the_others(qwen: LlamaCppGenerator) -> None:
+    long = GenerationRequest(EN.text, "en", "return_policy", "Unworn items can be returned. " * 400)
+    qwen.max_new_tokens = 4  # the second reply only has to exist
+    try:
+        texts = qwen.generate([long, EN])
+    finally:
+        qwen.max_new_tokens = 64
+    assert texts[0] == "" and texts[1]
+    assert [r.outcome for r in qwen.last_replies] == ["overlong", "length"]
