@@ -329,6 +329,10 @@ class Settings(BaseSettings):
             env["TIERFLOW_TOPIC_RETENTION_BYTES"] = str(self.topic.retention_bytes)
         if self.feedback.fetch_pause_ms is not None:
             env["TIERFLOW_FEEDBACK_FETCH_PAUSE_MS"] = str(self.feedback.fetch_pause_ms)
+        # The pack and the writer a parent chose (the demo picks the packaged writer when it is installed).
+        env["TIERFLOW_DOMAIN"] = self.domain
+        if self.heavy.generator:
+            env["TIERFLOW_HEAVY_GENERATOR"] = self.heavy.generator
         return env
 
     def updated(self, **values: Any) -> Settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -68,6 +69,10 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
     writer, why_not = _writer(settings)
     if writer is not None:
         updates["heavy_generator"] = writer
+        if "TIERFLOW_GENERATOR_TIMEOUT_S" not in os.environ:
+            # The demo's few heavy messages arrive in one batch, and a 1.5B model on a laptop's CPU writes one
+            # reply in ~5-10 s: give the batch time rather than show templates.
+            updates["generator_timeout_s"] = 120.0
     s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:
@@ -156,7 +161,7 @@ def _how(a: dict[str, Any], writer: str | None) -> str:
         return f"; template: the writer's reply was not sent ({a.get('fallback_reason', '?')})"
     if writer is None:
         return "; template: no writer (TIERFLOW_HEAVY_GENERATOR unset; `make writer` installs the local one)"
-    return f"; written by {writer}"
+    return f"; written by {writer}" if "+" in a["model"] else "; template"
 
 
 def _short(text: str, n: int) -> str:

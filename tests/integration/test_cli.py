@@ -109,7 +109,11 @@ def test_demo_answers_every_sample(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for s in SAMPLES:
         assert s["id"] in out.stdout
-    assert "routing summary" in out.stdout and "multimodal=1" in out.stdout
+    assert "routing summary" in out.stdout and "multimodal=3" in out.stdout
+    # the design article's cases land on the shop's intents, and an order number given (or photographed) is named
+    for intent in ("product_price", "warranty_repair", "get_refund", "track_order"):
+        assert intent in out.stdout, intent
+    assert "Order 58213:" in out.stdout and "订单 58213：" in out.stdout and 'We read "Order No' in out.stdout
 
 
 def test_ctrl_c_stops_a_following_command_with_130(settings_factory: Callable[..., Settings]) -> None:

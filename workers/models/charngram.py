@@ -154,7 +154,7 @@ def linear_scores(rows: SparseRows, weight: FloatArray, bias: FloatArray) -> Flo
 class CharNgramClassifier(CalibratedClassifier):
     """Light-tier intent classifier: n-gram features, a linear layer, temperature-scaled softmax."""
 
-    name = "charngram-v1"
+    name = "charngram-v1"  # served: "charngram-<domain pack>" (from_settings)
 
     def __init__(
         self,
@@ -176,6 +176,7 @@ class CharNgramClassifier(CalibratedClassifier):
         version, domain = domain_artifacts(settings)
         model = cls.load(version.file("charngram"), version.labels)
         model.answers = domain.answers
+        model.name = f"charngram-{domain.name}"
         return model
 
     @classmethod

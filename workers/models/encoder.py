@@ -85,7 +85,7 @@ def fuse(encoder: FloatArray, char: FloatArray | None, char_weight: float) -> Fl
 class EncoderClassifier(CalibratedClassifier):
     """Heavy-tier intent classifier: MiniLM (top layer tuned) -> mean pooling -> linear head."""
 
-    name = "minilm-b77-v1"
+    name = "minilm-v1"  # served: "minilm-<domain pack>" (from_settings)
 
     def __init__(
         self,
@@ -120,6 +120,7 @@ class EncoderClassifier(CalibratedClassifier):
         char = version.file("charngram") if "charngram" in version.manifest["models"] else None
         model = cls.load(version.file("minilm"), version.labels, char)
         model.answers = domain.answers
+        model.name = f"minilm-{domain.name}"
         return model
 
     @classmethod

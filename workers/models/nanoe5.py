@@ -89,7 +89,7 @@ def embed(texts: Sequence[str], threads: int | None = None) -> FloatArray:
 class E5Classifier(CalibratedClassifier):
     """Multilingual intent classifier: e5-small query embedding -> linear head -> temperature-scaled softmax."""
 
-    name = "e5-small-b77-v1"
+    name = "e5-small-v1"  # served: "e5-small-<domain pack>" (from_settings)
 
     def __init__(
         self,
@@ -111,6 +111,7 @@ class E5Classifier(CalibratedClassifier):
         version, domain = domain_artifacts(settings)
         model = cls.load(version.file("e5"), version.labels)
         model.answers = domain.answers
+        model.name = f"e5-small-{domain.name}"
         return model
 
     @classmethod
