@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -116,7 +117,8 @@ def report(domain: Domain, scored: dict[str, Scored], ms: dict[str, float]) -> s
         f"Domain pack: `{domain.name}`. Models: its packaged artefacts as the tiers run them (light: char n-grams; "
         "heavy: MiniLM fused with them; Chinese text to the multilingual e5 head in both tiers, so for Chinese the "
         "two tiers agree and the heavy tier's value is the written answer). CPU cost per message in worker batches "
-        f"over all sets: light {ms['light']:.2f} ms, heavy {ms['heavy']:.2f} ms.",
+        f"over all sets: light {ms['light']:.2f} ms, heavy {ms['heavy']:.2f} ms (load average "
+        f"{os.getloadavg()[0]:.1f} while measuring: other work on the machine inflates these).",
         "",
         "| set | messages | light | heavy | cascade at escalate_below "
         f"{default} (heavy share) | operating point: share chosen on half A | cascade on half B | heavy on half B |",

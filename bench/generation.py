@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections import Counter
@@ -126,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Messages: {len(messages)} of the e-commerce check set ({half} English, {half} Chinese; never trained "
         f"on), each as a heavy-routed message, one at a time, on the CPU. Token budget {budget}, time budget "
         f"{timeout:.0f} s per call (`TIERFLOW_GENERATOR_MAX_NEW_TOKENS`, `TIERFLOW_GENERATOR_TIMEOUT_S`). "
-        "Latency: the writer's time per reply (the classifier's is in the accuracy section).",
+        f"Latency: the writer's time per reply (the classifier's is in the accuracy section); load average "
+        f"{os.getloadavg()[0]:.1f} at the end.",
         "", *lines, "",
         "Sent answers are all in the customer's language and keep every key fact: the guard sends the template "
         "otherwise (the fallbacks column).", "",

@@ -19,6 +19,10 @@ MAX_MESSAGE_CHARS = 1000
 _LANGUAGE_NAMES = {"en": "English", "zh": "Simplified Chinese (简体中文)"}
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _ECHOED_LABEL = re.compile(r"^(customer message|reply|answer|assistant)\s*:\s*", re.IGNORECASE)
+# A letter's opening line on its own: short, ending in a comma or colon ("Dear [Customer's Name],", "Hello!").
+_SALUTATION = re.compile(r"^[^\n.?。？]{0,40}[,:，：!！]$")
+# A template slot the model left unfilled, with the space before it: "Hello [Name], ..." -> "Hello, ...".
+_PLACEHOLDER = re.compile(r"\s*\[[^\]\n]{1,40}\]")
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
 
 
@@ -63,7 +67,8 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
         f"You are a customer-service assistant for {req.business}. "
         f"Reply in {language}, in two to four short sentences. Be polite and practical. "
         "Answer from our policy only: keep its numbers of days, amounts and where to click exactly as written. "
-        "Never invent order numbers, amounts or dates."
+        "Never invent order numbers, amounts or dates. Write the reply itself: no greeting line, no signature, no "
+        "placeholders such as [Name]."
     )
     message = req.text.strip()[:MAX_MESSAGE_CHARS]
     user = f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
@@ -78,8 +83,11 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
 def tidy(text: str) -> str:
     """Trim a generated reply to its first paragraph, dropping a last sentence cut off by the budget."""
     # Small models follow the reply with commentary ("This is a polite reply...", "P.S."): the first
-    # paragraph is the reply.
-    text = text.strip().split("\n\n", 1)[0].strip()
+    # paragraph is the reply, once a letter's salutation ("Dear [Customer's Name]," / "您好，") is set aside.
+    paragraphs = [p.strip() for p in text.strip().split("\n\n") if p.strip()]
+    while len(paragraphs) > 1 and _SALUTATION.match(paragraphs[0]):
+        paragraphs.pop(0)
+    text = _PLACEHOLDER.sub("", paragraphs[0] if paragraphs else "").strip()
     text = _ECHOED_LABEL.sub("", text).strip().strip('"').strip()  # a prompt label parroted back
     ends = [m.end() for m in _SENTENCE_END.finditer(text)]
     # Drop the unfinished tail only when a whole sentence stays; half a reply beats none.

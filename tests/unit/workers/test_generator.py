@@ -135,6 +135,10 @@ def test_the_prompt_carries_intent_message_reference_and_language() -> None:
     ("Please retry.\n\nThis is a polite and practical reply.", "Please retry."),
     ("请冻结您的卡。\n\nP.S.", "请冻结您的卡。"),
     ("Customer message: Sorry to hear that.", "Sorry to hear that."),
+    ("Dear [Customer's Name],\n\nYour refund arrives within 5 working days.\n\nBest regards,\n[Your Name]",
+     "Your refund arrives within 5 working days."),  # a letter: the salutation is not the reply
+    ("您好！\n\n退款将在5个工作日内到账。", "退款将在5个工作日内到账。"),
+    ("Hello [Name], your parcel ships today.", "Hello, your parcel ships today."),
 ])
 def test_tidy_drops_a_sentence_cut_by_the_budget(raw: str, want: str) -> None:
     assert tidy(raw) == want
