@@ -46,12 +46,13 @@ class Reply:
     seconds: float
 
 
-def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: int, timeout_s: float) -> list[Reply]:
+def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: int, timeout_s: float,
+            threads: int) -> list[Reply]:
     """Each message through the heavy classifier and `backend`'s writer, one at a time."""
     from workers.models.registry import generator_from_settings, tier_model
 
     s = Settings(domain="ecommerce", heavy_generator=backend, generator_max_new_tokens=max_new_tokens,
-                 generator_timeout_s=timeout_s)
+                 generator_timeout_s=timeout_s, generator_threads=threads)
     classifier = tier_model(s.updated(heavy_generator=None), Tier.HEAVY)
     gen = generator_from_settings(s)
     model = GeneratedAnswers(classifier, gen, load_domain("ecommerce"))
@@ -97,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=100, help="messages, half English, half Chinese")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="the writer's token budget (the setting's)")
     ap.add_argument("--timeout", type=float, default=None, help="the writer's time budget per call, s")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the writer's CPU threads (all cores)")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
     args = ap.parse_args(argv)
     defaults = Settings().generator
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     samples: list[str] = []
     for backend in [b.strip() for b in args.backend.split(",") if b.strip()]:
-        replies = measure(backend, messages, budget, timeout)
+        replies = measure(backend, messages, budget, timeout, args.threads)
         lines += table(backend, replies)
         for r in replies:
             if r.reason:
@@ -125,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for r in replies[:: max(1, len(replies) // 4)][:4] if r.reason is None]
     body = "\n".join([
         f"Messages: {len(messages)} of the e-commerce check set ({half} English, {half} Chinese; never trained "
-        f"on), each as a heavy-routed message, one at a time, on the CPU. Token budget {budget}, time budget "
+        f"on), each as a heavy-routed message, one at a time, on the CPU with {args.threads} threads. Token budget "
+        f"{budget}, time budget "
         f"{timeout:.0f} s per call (`TIERFLOW_GENERATOR_MAX_NEW_TOKENS`, `TIERFLOW_GENERATOR_TIMEOUT_S`). "
         f"Latency: the writer's time per reply (the classifier's is in the accuracy section); load average "
         f"{os.getloadavg()[0]:.1f} at the end.",
