@@ -333,6 +333,9 @@ class Settings(BaseSettings):
         env["TIERFLOW_DOMAIN"] = self.domain
         if self.heavy.generator:
             env["TIERFLOW_HEAVY_GENERATOR"] = self.heavy.generator
+            env["TIERFLOW_GENERATOR_TIMEOUT_S"] = str(self.generator.timeout_s)
+            if self.generator.threads:
+                env["TIERFLOW_GENERATOR_THREADS"] = str(self.generator.threads)
         return env
 
     def updated(self, **values: Any) -> Settings:

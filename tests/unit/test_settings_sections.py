@@ -250,3 +250,13 @@ def test_model_copy_refuses_flat_names_of_sections() -> None:
     with pytest.raises(TypeError, match=r"kafka_port: use Settings\.updated"):
         s.model_copy(update=flat)
     assert s.model_copy(update={"data_dir": Path("x")}).data_dir == Path("x")
+
+
+def test_children_inherit_the_domain_and_the_writer_a_parent_chose() -> None:
+    """`tierflow demo` picks the packaged writer and a longer time budget; its agents are child processes."""
+    env = Settings(domain="banking", heavy_generator="qwen", generator_timeout_s=120.0,
+                   generator_threads=2).with_env()
+    assert env["TIERFLOW_DOMAIN"] == "banking" and env["TIERFLOW_HEAVY_GENERATOR"] == "qwen"
+    assert env["TIERFLOW_GENERATOR_TIMEOUT_S"] == "120.0" and env["TIERFLOW_GENERATOR_THREADS"] == "2"
+    assert Settings(**{k[len("TIERFLOW_"):].lower(): v for k, v in env.items()
+                       if k.startswith("TIERFLOW_GENERATOR")}).generator.timeout_s == 120.0
