@@ -73,9 +73,6 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
             # The demo's few heavy messages arrive in one batch, and a 1.5B model on a laptop's CPU writes one
             # reply in ~5-10 s: give the batch time rather than show templates.
             updates["generator_timeout_s"] = 120.0
-        if "TIERFLOW_GENERATOR_THREADS" not in os.environ:
-            # llama.cpp's default is half the cores; while it writes, the demo's other agents are idle
-            updates["generator_threads"] = os.cpu_count() or 1
     s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:
