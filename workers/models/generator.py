@@ -230,7 +230,7 @@ class GeneratedAnswers:
         d = self.domain
         if d is None:
             return GenerationRequest(item.text, item.lang, pred.intent, pred.answer)
-        also = pred.also if pred.also and pred.also != pred.intent and pred.also in d.answers.known() else None
+        also = pred.also if pred.also and pred.also != pred.intent and pred.also in d.answers.intents else None
         return GenerationRequest(item.text, item.lang, pred.intent, pred.answer,
                                  d.answers.facts(pred.intent, item.lang), business=d.business_of(item.lang),
                                  also=d.answers.answer(also, item.lang) if also else "")
