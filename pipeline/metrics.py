@@ -64,6 +64,10 @@ QUEUE_SECONDS = Histogram("tierflow_queue_seconds", "Routed to dequeued by a wor
 BATCH_SIZE = Histogram("tierflow_batch_size", "Messages per micro-batch", ["tier"], buckets=_BATCH_BUCKETS)
 ANSWERS = Counter("tierflow_answers_total", "Final answers produced", ["tier", "model"])
 ESCALATED = Counter("tierflow_escalated_total", "Light predictions escalated to heavy", ["model"])
+ABSTAINED = Counter("tierflow_abstained_total",
+                    "Predictions whose out-of-scope score was over the tier's threshold (light: escalated)", ["tier"])
+HANDOVERS = Counter("tierflow_handovers_total", "Requests handed over to a person, by the tier and why",
+                    ["tier", "reason"])
 SHADOWED = Counter("tierflow_shadow_total", "Light requests also sent to heavy for agreement tracking", [])
 CONSUMER_LAG = Gauge("tierflow_consumer_lag", "Messages behind the high watermark (from fetch watermarks)",
                      ["topic", "group"])

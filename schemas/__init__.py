@@ -7,7 +7,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-KINDS = ("request", "routed", "result", "answer", "dlq", "label")
+KINDS = ("request", "routed", "result", "answer", "dlq", "label", "handover")
 
 
 @cache

@@ -44,13 +44,15 @@ from pipeline.contracts.records import (
     dump_answer_and_result,
     escalation,
     fast_routed,
+    handover,
     result_details,
 )
 from pipeline.contracts.topics import Tier
-from pipeline.core.cascade import outcome
+from pipeline.core.cascade import NEVER, outcome
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
 from workers.batching import collect_batch
+from workers.domains import load_domain
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,7 @@ class WorkerStats:
     processed: int = 0
     answered: int = 0
     escalated: int = 0
+    handed_over: int = 0
     dead: int = 0
 
 
@@ -166,6 +169,9 @@ class Worker:
         self._busy_since: float | None = None  # monotonic start of the batch in hand, for the heartbeat
         # (kind, model, inference ms, queue ms, answered total ms) per item, counted once the batch is flushed
         self._observed: list[tuple[str, str, float, float, float | None]] = []
+        self._abstained = self._handed_over = 0  # in the batch in hand, counted once it is flushed
+        # the holding message of a request handed over to a person (the domain pack's, in the customer's language)
+        self.book = load_domain(settings.domain).answers
         self.heartbeat: Heartbeat | None = announced
         self._stop = threading.Event()
 
@@ -300,6 +306,7 @@ class Worker:
         per_item_ms = infer_ms / max(1, len(routed))
         inferred = _now_ms()
         self._observed = []
+        self._abstained = self._handed_over = 0
         fresh = self._first_replay_answers([d for _, d, _ in routed])
         for (msg, d, _), pred in zip(routed, preds, strict=True):
             if pred is None:
@@ -363,19 +370,30 @@ class Worker:
         fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
                        force=d.get("replay_force", False), degraded=d["degraded"],
                        escalated=d.get("escalated_from") is not None,
-                       fresh=None if fresh_replays is None else rid in fresh_replays)
+                       fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=pred.oos,
+                       abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER))
         escalate = fate.escalate
         produced = _now_ms()
-        ans = answer(d, self.tier, "" if escalate else pred.answer, pred.intent, pred.confidence, pred.model,
-                     infer_ms, dequeued, produced, None if escalate else pred.fallback)
+        if escalate:
+            text, fallback, handed = "", None, None
+        elif fate.handover:  # a person answers: the customer is told so, in their language
+            text, fallback, handed = self.book.holding(d["features"]["lang"]), None, HANDOVER_REASON
+        else:
+            text, fallback, handed = pred.answer, pred.fallback, None
+        ans = answer(d, self.tier, text, pred.intent, pred.confidence, pred.model, infer_ms, dequeued, produced,
+                     fallback, handed)
         answer_json, result_json = dump_answer_and_result(
-            ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id))
+            ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id,
+                                pred.oos, fate.abstained))
         produce(out, self.topics.results, result_json, key)
         timings = ans["timings_ms"]
         self._observed.append((fate.kind, pred.model, infer_ms, timings["queue"],
                                float(timings["total"]) if fate.answered else None))
+        if fate.abstained:
+            self._abstained += 1
         if escalate:
-            up = escalation(d, self.tier, pred.intent, pred.confidence, pred.model, infer_ms)
+            up = escalation(d, self.tier, pred.intent, pred.confidence, pred.model, infer_ms, pred.oos,
+                            fate.abstained)
             heavy_topic = self.topics.replay_tier(Tier.HEAVY) if replay else self.topics.tier(Tier.HEAVY)
             try:
                 produce(out, heavy_topic, orjson.dumps(up), key)
@@ -383,6 +401,9 @@ class Worker:
                 self._dead(msg, e.kind, f"escalation to heavy failed: {e.reason}")
         elif fate.answer:
             produce(out, self.topics.answers, answer_json, key)
+            if fate.handover:  # the desk's record goes in the same batch (and transaction) as the holding answer
+                produce(out, self.topics.handover, orjson.dumps(handover(d, ans, pred.oos)), key)
+                self._handed_over += 1
 
     def _internal(self, msg: Message, e: Exception) -> None:
         """A record that raised in tierflow's own code: to the DLQ (kind internal) with the exception; go on."""
@@ -437,6 +458,12 @@ class Worker:
             metrics.ANSWERS.labels(tier, model).inc(len(xs))
         for model, n in escalated.items():
             metrics.ESCALATED.labels(model).inc(n)
+        if self._abstained:
+            metrics.ABSTAINED.labels(tier).inc(self._abstained)
+        if self._handed_over:
+            metrics.HANDOVERS.labels(tier, HANDOVER_REASON).inc(self._handed_over)
+        self.stats.handed_over += self._handed_over
+        self._abstained = self._handed_over = 0
         self.latency.extend(answered)
         self.live_latency.extend(live)
         self.stats.processed += len(self._observed)
@@ -447,6 +474,9 @@ class Worker:
 
 # SADD per member, answering 1 for each member that was new: which replayed ids this batch answers first.
 SADD_EACH = "local out = {} for i, m in ipairs(ARGV) do out[i] = redis.call('SADD', KEYS[1], m) end return out"
+
+
+HANDOVER_REASON = "out_of_scope"  # the final stage's out-of-scope score was over `handover_above`
 
 
 def _now_ms() -> int:

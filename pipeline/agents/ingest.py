@@ -364,7 +364,8 @@ class Ingest:
         if replay_job is not None:
             received = now_ms  # a backfill's latency starts when it is replayed, not when first sent
         key = msg.key() or (req.user_id or req.id).encode()
-        fields = routed_fields(feats, r.tier, r.reason, r.degraded, th.version, th.escalate_below, received, now_ms)
+        fields = routed_fields(feats, r.tier, r.reason, r.degraded, th.version, th.escalate_below, received, now_ms,
+                               th.abstain_above, th.handover_above)
         raw_request = raw or b"{}"
         if replay_job is not None:
             try:
@@ -405,7 +406,7 @@ class _Envelope:
     """One live batch's routed records (records.RoutedBatch) and, per route, its topic and serialised fields."""
 
     def __init__(self, th: Thresholds, now_ms: int, topics: dict[Tier, str]) -> None:
-        self.batch = RoutedBatch(th.version, th.escalate_below, now_ms)
+        self.batch = RoutedBatch(th.version, th.escalate_below, now_ms, th.abstain_above, th.handover_above)
         self.topics = topics
         # Per route: its topic and its JSON fields. Keyed by the shared Route instance (identity hash).
         self.dests: dict[Route, tuple[str, bytes]] = {}

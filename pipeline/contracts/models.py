@@ -25,6 +25,7 @@ from pipeline.contracts.records import (
     MAX_TS,
     Answer,
     Count,
+    Handover,
     ImageMime,
     Result,
     Script,
@@ -143,6 +144,8 @@ class EscalatedFrom(BaseModel):
     confidence: float
     model: str
     inference_ms: float
+    oos_score: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    abstained: bool | None = None
 
 
 class RoutedRequest(BaseModel):
@@ -163,6 +166,8 @@ class RoutedRequest(BaseModel):
     escalated_from: EscalatedFrom | None = None
     replay_job: str | None = None
     replay_force: bool = False
+    abstain_above: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    handover_above: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
 
 @cache
@@ -174,6 +179,12 @@ def validate_answer(obj: Any) -> Answer:
     """An answer (schemas/answer.v1.json) validated against `records.Answer`; raises pydantic's ValidationError."""
     a: Answer = _adapter(Answer).validate_python(obj)
     return a
+
+
+def validate_handover(obj: Any) -> Handover:
+    """A hand-over (schemas/handover.v1.json) validated against `records.Handover`; raises ValidationError."""
+    h: Handover = _adapter(Handover).validate_python(obj)
+    return h
 
 
 def validate_result(obj: Any) -> Result:

@@ -9,7 +9,8 @@ the Answer and Result below), checked against `schemas/` by tests/unit/contracts
 
 The kinds: the routed record (`Routed`, schemas/routed.v1.json, ingest -> workers), the answer (`Answer`,
 answer.v1.json, workers -> customers), the result (`Result`: the answer plus the stage's `ResultDetails`,
-result.v1.json, workers -> feedback, status, report, replay) and the heartbeat (`Heartbeat`, Redis only).
+result.v1.json, workers -> feedback, status, report, replay), the hand-over (`Handover`, handover.v1.json, workers
+-> a human agents' desk) and the heartbeat (`Heartbeat`, Redis only).
 Adding a field to the answer is three edits: answer.v1.json, `Answer`, `answer()` (the result extends both).
 """
 
@@ -88,6 +89,8 @@ class EscalatedFrom(TypedDict):
     confidence: float
     model: str
     inference_ms: float
+    oos_score: NotRequired[float]  # its out-of-scope score (absent: a model that gives none)
+    abstained: NotRequired[bool]  # escalated because the score was over `abstain_above`, not for low confidence
 
 
 class RoutedFields(TypedDict):
@@ -106,6 +109,10 @@ class RoutedFields(TypedDict):
     escalated_from: NotRequired[EscalatedFrom]
     replay_job: NotRequired[str]
     replay_force: NotRequired[bool]
+    # Out-of-scope thresholds (absent: never abstain, as before they existed): a light score over `abstain_above`
+    # escalates; a final stage's score over `handover_above` hands the request over to a person.
+    abstain_above: NotRequired[float]
+    handover_above: NotRequired[float]
 
 
 class Routed(RoutedFields):
@@ -116,7 +123,8 @@ class Routed(RoutedFields):
 
 
 def routed_fields(features: Features, tier: Tier, route_reason: str, degraded: bool, threshold_version: int,
-                  escalate_below: float, received_ms: int, ingested_ms: int) -> RoutedFields:
+                  escalate_below: float, received_ms: int, ingested_ms: int, abstain_above: float = 1.0,
+                  handover_above: float = 1.0) -> RoutedFields:
     """The routed record's fields but the request, of a live record (`replayed` marks a backfill's)."""
     return {
         "features": features,
@@ -129,6 +137,8 @@ def routed_fields(features: Features, tier: Tier, route_reason: str, degraded: b
         "ingested_ms": ingested_ms,
         "replay": False,
         "shadow": False,
+        "abstain_above": abstain_above,
+        "handover_above": handover_above,
     }
 
 
@@ -149,9 +159,11 @@ class RoutedBatch:
 
     __slots__ = ("tail",)
 
-    def __init__(self, threshold_version: int, escalate_below: float, ingested_ms: int) -> None:
+    def __init__(self, threshold_version: int, escalate_below: float, ingested_ms: int, abstain_above: float = 1.0,
+                 handover_above: float = 1.0) -> None:
         self.tail = orjson.dumps({"threshold_version": threshold_version, "escalate_below": escalate_below,
-                                  "ingested_ms": ingested_ms, "replay": False, "shadow": False})[1:]
+                                  "ingested_ms": ingested_ms, "replay": False, "shadow": False,
+                                  "abstain_above": abstain_above, "handover_above": handover_above})[1:]
 
     @staticmethod
     def route(tier: Tier, route_reason: str, degraded: bool) -> bytes:
@@ -163,11 +175,14 @@ class RoutedBatch:
                          b"%d," % received_ms, route, self.tail))
 
 
-def escalation(d: Routed, tier: Tier, intent: str, confidence: float, model: str, inference_ms: float) -> Routed:
-    """`d` forwarded to the heavy tier with the verdict of `tier`, which was not confident enough."""
-    return {**d, "tier": Tier.HEAVY, "route_reason": f"{d['route_reason']}:escalated",
+def escalation(d: Routed, tier: Tier, intent: str, confidence: float, model: str, inference_ms: float,
+               oos_score: float = 0.0, abstained: bool = False) -> Routed:
+    """`d` forwarded to the heavy tier with the verdict of `tier`, which was not confident enough (or `abstained`:
+    judged the message out of its scope)."""
+    return {**d, "tier": Tier.HEAVY, "route_reason": f"{d['route_reason']}:{'abstained' if abstained else 'escalated'}",
             "escalated_from": {"tier": tier, "intent": intent, "confidence": float(confidence), "model": model,
-                               "inference_ms": round(inference_ms, 3)}}
+                               "inference_ms": round(inference_ms, 3), "oos_score": round(float(oos_score), 4),
+                               "abstained": abstained}}
 
 
 # --------------------------------------------------------------------------- the answer and the result
@@ -203,6 +218,8 @@ class Answer(TypedDict):
     answered_at: NotRequired[EpochMs]
     fallback: NotRequired[bool]  # the writer's reply was not sent: the template was (why: fallback_reason)
     fallback_reason: NotRequired[str]
+    handover: NotRequired[bool]  # handed over to a person: `answer` is the holding message (why: handover_reason)
+    handover_reason: NotRequired[str]
 
 
 @with_config(_CLOSED)
@@ -230,6 +247,8 @@ class ResultDetails(TypedDict):
     label: NotRequired[str | None]
     light_intent: NotRequired[str | None]
     light_confidence: NotRequired[float | None]
+    oos_score: NotRequired[Annotated[float, Field(ge=0.0, le=1.0)]]  # the stage's out-of-scope score
+    abstained: NotRequired[bool]  # the score was over the stage's threshold (light: escalated; else: handed over)
 
 
 @with_config(_CLOSED)
@@ -239,9 +258,10 @@ class Result(Answer, ResultDetails):
 
 
 def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, model: str, inference_ms: float,
-           dequeued: int, produced: int, fallback: str | None = None) -> Answer:
+           dequeued: int, produced: int, fallback: str | None = None, handover: str | None = None) -> Answer:
     """The answer of `tier` to the routed record `d` (times in epoch ms; `inference_ms` of this stage; `fallback`:
-    why a writer's reply was replaced by the template, if it was).
+    why a writer's reply was replaced by the template, if it was; `handover`: why the request went to a person,
+    `text` then being the holding message).
 
     Durations between two hosts' clocks are never negative.
     """
@@ -272,12 +292,15 @@ def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, mod
     }
     if fallback is not None:
         out["fallback"], out["fallback_reason"] = True, fallback
+    if handover is not None:
+        out["handover"], out["handover_reason"] = True, handover
     return out
 
 
 def result_details(d: Routed, stage: Tier, final: bool, dequeued: int, inferred: int, produced: int,
-                   batch_size: int, worker_id: str) -> ResultDetails:
-    """The details of stage `stage` on `d` (`final`: its answer is the one sent; times in epoch ms)."""
+                   batch_size: int, worker_id: str, oos_score: float = 0.0, abstained: bool = False) -> ResultDetails:
+    """The details of stage `stage` on `d` (`final`: its answer is the one sent; times in epoch ms; `oos_score`:
+    the stage's out-of-scope score, `abstained`: over its threshold)."""
     esc = d.get("escalated_from")
     return {
         "final": final,
@@ -291,6 +314,8 @@ def result_details(d: Routed, stage: Tier, final: bool, dequeued: int, inferred:
         "label": d["request"].get("label"),
         "light_intent": esc["intent"] if esc else None,
         "light_confidence": esc["confidence"] if esc else None,
+        "oos_score": min(1.0, max(0.0, round(float(oos_score), 4))),
+        "abstained": abstained,
     }
 
 
@@ -298,6 +323,75 @@ def dump_answer_and_result(a: Answer, details: ResultDetails) -> tuple[bytes, by
     """(answer bytes, result bytes): the result is the serialised answer extended by the details, not rebuilt."""
     answer_json = orjson.dumps(a)
     return answer_json, answer_json[:-1] + b"," + orjson.dumps(details)[1:]
+
+
+# --------------------------------------------------------------------------- the hand-over
+Score = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+@with_config(_CLOSED)
+class Handover(TypedDict):
+    """A request handed over to a person (schemas/handover.v1.json), on tierflow.handover: all a human agents' desk
+    needs to pick it up without reading another topic (an image stays on tierflow.requests, found by id).
+
+    The customer already has the holding message (the answer record with `handover` true, same request id).
+    """
+
+    request_id: Annotated[str, Field(min_length=1, max_length=128)]
+    user_id: str | None
+    text: str
+    lang: str
+    has_image: bool
+    reason: str
+    oos_score: Score
+    handover_above: Score
+    tier: Tier
+    model: str
+    intent: str  # the nearest known intent: what would have been answered
+    confidence: Score
+    light_intent: str | None
+    light_confidence: float | None
+    holding_message: str
+    route_reason: str
+    degraded: bool
+    replay: bool
+    threshold_version: Annotated[int, Field(ge=0)]
+    received_at: EpochMs
+    handed_over_at: EpochMs
+
+
+def handover(d: Routed, a: Answer, oos_score: float) -> Handover:
+    """The hand-over record of `d`, whose answer `a` (`handover` set) holds the customer meanwhile."""
+    esc = d.get("escalated_from")
+    req = d["request"]
+    return {
+        "request_id": a["request_id"],
+        "user_id": a["user_id"],
+        "text": req.get("text", ""),
+        "lang": d["features"]["lang"],
+        "has_image": d["features"]["has_image"],
+        "reason": a.get("handover_reason", "out_of_scope"),
+        "oos_score": min(1.0, max(0.0, round(float(oos_score), 4))),
+        "handover_above": d.get("handover_above", 1.0),
+        "tier": a["tier"],
+        "model": a["model"],
+        "intent": a["intent"],
+        "confidence": a["confidence"],
+        "light_intent": esc["intent"] if esc else None,
+        "light_confidence": esc["confidence"] if esc else None,
+        "holding_message": a["answer"],
+        "route_reason": a["route_reason"],
+        "degraded": a["degraded"],
+        "replay": a["replay"],
+        "threshold_version": a["threshold_version"],
+        "received_at": d["received_ms"],
+        "handed_over_at": a.get("answered_at", d["received_ms"]),
+    }
+
+
+def handover_of(raw: bytes | None) -> Handover | None:
+    """The one reader of tierflow.handover (fields read as `answer_of` says)."""
+    return _object(raw)  # type: ignore[return-value]
 
 
 def answer_of(raw: bytes | None) -> Answer | None:
@@ -406,9 +500,12 @@ def fast_routed(raw: bytes) -> Routed | None:
         return None
     if type(d["replay"]) is not bool or type(d["shadow"]) is not bool:
         return None
-    if len(d) > len(_ROUTED_REQUIRED) and (type(d.get("replay_force", False)) is not bool
-                                           or type(d.get("replay_job", "")) is not str):
-        return None
+    if len(d) > len(_ROUTED_REQUIRED):
+        if type(d.get("replay_force", False)) is not bool or type(d.get("replay_job", "")) is not str:
+            return None
+        a, h = d.get("abstain_above", 1.0), d.get("handover_above", 1.0)
+        if type(a) is not float or not 0.0 <= a <= 1.0 or type(h) is not float or not 0.0 <= h <= 1.0:
+            return None
     return d  # type: ignore[return-value]
 
 

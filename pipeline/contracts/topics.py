@@ -41,6 +41,11 @@ class Topics:
         return f"{self.prefix}labels"
 
     @property
+    def handover(self) -> str:
+        """Requests handed over to a person (schemas/handover.v1.json): a human agents' desk reads it."""
+        return f"{self.prefix}handover"
+
+    @property
     def replay(self) -> str:
         """Backfill requests: ingested beside live traffic but never ahead of it."""
         return f"{self.prefix}replay"
@@ -61,6 +66,7 @@ class Topics:
             self.answers,
             self.dlq,
             self.labels,
+            self.handover,
             self.replay,
             *(self.replay_tier(t) for t in Tier),
         ]
@@ -93,6 +99,7 @@ def topic_specs(
     retention = {
         topics.dlq: 30 * _DAY_MS,  # operators need time to inspect dead letters
         topics.labels: 30 * _DAY_MS,
+        topics.handover: 30 * _DAY_MS,  # a desk that was closed for the weekend still finds Friday's
     }
     specs = []
     for name in topics.all():

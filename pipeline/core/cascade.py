@@ -1,7 +1,13 @@
-"""What a worker does with one prediction: answer the customer, escalate to heavy, or only report a result.
+"""What a worker does with one prediction: answer the customer, escalate to heavy, hand over to a person, or only
+report a result.
 
-Pure: the worker loop feeds it the routed record's flags and the prediction's confidence and writes what it says.
-Every stage always writes a result (the feedback agent's input); at most one stage writes the answer.
+Pure: the worker loop feeds it the routed record's flags and thresholds and the prediction's confidence and
+out-of-scope score, and writes what it says. Every stage always writes a result (the feedback agent's input); at
+most one stage writes the answer.
+
+The three outcomes of a prediction (issue 20): answer; escalate (light only: unsure, or abstaining because the
+message looks out of its scope); abstain at the last stage, which hands the request over to a person: the answer
+is a holding message and a hand-over record goes to the agents' desk.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from pipeline.core.routing import should_escalate
 
 Kind = Literal["escalated", "replay", "stage"]  # how the worker's metrics count the record
 
+NEVER = 1.0  # a threshold no score is over: records from before the thresholds existed never abstain
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -21,6 +29,8 @@ class Outcome:
     final: bool  # this stage's result is the request's last (not escalated, not shadow)
     answer: bool  # write to the answers topic
     kind: Kind
+    abstained: bool = False  # the out-of-scope score was over this stage's threshold
+    handover: bool = False  # the answer is a holding message and a hand-over record goes out with it
 
     @property
     def answered(self) -> bool:
@@ -28,28 +38,40 @@ class Outcome:
         return self.answer
 
 
+def abstains(oos_score: float, above: float) -> bool:
+    """Out of scope for this stage: the score is over its threshold (a threshold of 1 never is)."""
+    return oos_score > above
+
+
 def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: bool = False, replay: bool = False,
             force: bool = False, degraded: bool = False, escalated: bool = False,
-            fresh: bool | None = None) -> Outcome:
+            fresh: bool | None = None, oos_score: float = 0.0, abstain_above: float = NEVER,
+            handover_above: float = NEVER) -> Outcome:
     """The outcome for one prediction.
 
     - Only the light tier escalates, once (`escalated`: the record came from light already), never a shadow run
       (it answers nobody) nor a degraded one (heavy is unhealthy: that is why it is here), and only below
-      `escalate_below`.
+      `escalate_below` or, abstaining, with an out-of-scope score over `abstain_above`.
+    - A stage that does not escalate is the last one: over `handover_above` it hands the request over (a light
+      stage that cannot escalate, being degraded, too: a person answers better than a guess).
     - A shadow run writes its result only.
     - A replayed request that an earlier replay already answered (`fresh` False) is not answered again unless the
       operator forced it (`force`); `fresh` None: unknown (Redis unreachable), answered (at least once).
     """
-    escalate = (tier is Tier.LIGHT and not shadow and not escalated and not degraded
-                and should_escalate(confidence, escalate_below))
+    can_escalate = tier is Tier.LIGHT and not shadow and not escalated and not degraded
+    light_abstains = can_escalate and abstains(oos_score, abstain_above)
+    escalate = can_escalate and (light_abstains or should_escalate(confidence, escalate_below))
     final = not escalate and not shadow
     answer = final and not (replay and not force and fresh is False)
-    key = (escalate, final, answer, replay)
+    last_abstains = not escalate and abstains(oos_score, handover_above)
+    handover = answer and last_abstains
+    key = (escalate, final, answer, replay, light_abstains or last_abstains, handover)
     o = _SEEN.get(key)
     if o is None:  # a handful of distinct outcomes: built once each, not once per message (the worker's hot path)
         kind: Kind = "escalated" if escalate else ("replay" if replay else "stage")
-        o = _SEEN[key] = Outcome(escalate=escalate, final=final, answer=answer, kind=kind)
+        o = _SEEN[key] = Outcome(escalate=escalate, final=final, answer=answer, kind=kind,
+                                 abstained=key[4], handover=handover)
     return o
 
 
-_SEEN: dict[tuple[bool, bool, bool, bool], Outcome] = {}
+_SEEN: dict[tuple[bool, bool, bool, bool, bool, bool], Outcome] = {}

@@ -23,6 +23,11 @@ class Thresholds(BaseModel):
     escalate_below: float = Field(0.5, ge=0.0, le=1.0, description="light confidence below this -> heavy")
     shadow_rate: float = Field(0.0, ge=0.0, le=0.5, description="share of light traffic also run on heavy")
     heavy_budget: float = Field(0.25, ge=0.0, le=1.0, description="target max share of answers from heavy")
+    abstain_above: float = Field(0.5, ge=0.0, le=1.0,
+                                 description="light out-of-scope score above this -> heavy (1: never)")
+    handover_above: float = Field(0.5, ge=0.0, le=1.0,
+                                  description="final out-of-scope score above this -> a person (1: never)")
+    handover_budget: float = Field(0.10, ge=0.0, le=1.0, description="target max share of requests handed over")
     light_slo_p95_ms: float = Field(500.0, gt=0, le=600_000)
     heavy_slo_p95_ms: float = Field(3000.0, gt=0, le=600_000)
     min_accuracy: float = Field(0.85, ge=0.0, le=1.0)

@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.adapters.heartbeats import observation
-from pipeline.contracts.models import RoutedRequest, decode_model, decode_request, validate_answer, validate_result
+from pipeline.contracts.models import (
+    RoutedRequest,
+    decode_model,
+    decode_request,
+    validate_answer,
+    validate_handover,
+    validate_result,
+)
 from pipeline.contracts.records import (
     Features,
     RoutedBatch,
@@ -25,6 +32,8 @@ from pipeline.contracts.records import (
     escalation,
     fast_request,
     fast_routed,
+    handover,
+    handover_of,
     heartbeat,
     heartbeat_of,
     replayed,
@@ -134,18 +143,36 @@ def test_an_escalation_carries_the_light_verdict_to_heavy() -> None:
     doc = _check_routed(orjson.dumps(up))
     assert doc == {**ROUTED, "tier": "heavy", "route_reason": "short:escalated",
                    "escalated_from": {"tier": "light", "intent": "lost_card", "confidence": 0.25, "model": "light-m",
-                                      "inference_ms": 1.235}}
+                                      "inference_ms": 1.235, "oos_score": 0.0, "abstained": False}}
     assert d == ROUTED  # not changed: its own result was already written from it
     assert fast_routed(orjson.dumps(up)) is None  # escalations take the full model
+
+
+def test_an_abstention_says_so_in_the_escalation_and_its_route() -> None:
+    d = fast_routed(orjson.dumps(ROUTED))
+    assert d is not None
+    up = escalation(d, Tier.LIGHT, "lost_card", 0.9, "light-m", 1.0, oos_score=0.81234, abstained=True)
+    doc = _check_routed(orjson.dumps(up))
+    assert doc["route_reason"] == "short:abstained"
+    assert (doc["escalated_from"]["oos_score"], doc["escalated_from"]["abstained"]) == (0.8123, True)
+
+
+@pytest.mark.parametrize("value", [1, "0.5", 1.5, -0.1, True])
+def test_scope_thresholds_that_are_not_scores_leave_the_fast_path(value: object) -> None:
+    """The schema says a number in [0, 1]: anything else the slow path judges (and the schema may refuse)."""
+    assert fast_routed(orjson.dumps({**ROUTED, "handover_above": value})) is None
+    assert fast_routed(orjson.dumps({**ROUTED, "abstain_above": value})) is None
+    assert fast_routed(orjson.dumps({**ROUTED, "abstain_above": 0.7, "handover_above": 0.9})) is not None
 
 
 # --------------------------------------------------------------------------- the answer and the result
 def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accept() -> None:
     d = fast_routed(orjson.dumps({**ROUTED, "request": {**ROUTED["request"], "label": "reset_pin"}}))
     assert d is not None
-    a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 1.2, "light-m", 0.4567, 10, 20, fallback="timeout")
+    a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 1.2, "light-m", 0.4567, 10, 20, fallback="timeout",
+               handover="out_of_scope")
     answer_json, result_json = dump_answer_and_result(
-        a, result_details(d, Tier.LIGHT, True, 10, 15, 20, 3, "w-1"))
+        a, result_details(d, Tier.LIGHT, True, 10, 15, 20, 3, "w-1", oos_score=0.91, abstained=True))
     ans, res = orjson.loads(answer_json), orjson.loads(result_json)
     # every field of the schemas written (a field added to schema and record but not the builder fails here)
     assert set(ans) == fields_of("answer")[0] and set(res) == fields_of("result")[0]
@@ -154,15 +181,33 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
         "tier": "light", "model": "light-m", "escalated": False, "degraded": False, "route_reason": "short",
         "timings_ms": {"ingest": 1, "queue": 8, "inference": 0.457, "total": 19}, "replay": False,
         "threshold_version": 1, "lang": "en", "answered_at": 20, "fallback": True, "fallback_reason": "timeout",
+        "handover": True, "handover_reason": "out_of_scope",
     }
     assert {k: ans[k] for k in expected} == expected
     assert res == {**ans, "final": True, "stage": "light", "shadow": False, "features": FEATURES,
                    "timestamps": {"received": 1, "ingested": 2, "dequeued": 10, "inferred": 15, "produced": 20},
                    "batch_size": 3, "worker_id": "w-1", "label": "reset_pin", "light_intent": None,
-                   "light_confidence": None}
+                   "light_confidence": None, "oos_score": 0.91, "abstained": True}
     assert schema_ok("answer", ans) and schema_ok("result", res)
     assert validate_answer(ans) == ans and validate_result(res) == res
     assert answer_of(answer_json) == ans and result_of(result_json) == res
+
+
+def test_the_handover_builder_writes_what_the_schema_and_record_accept() -> None:
+    d = fast_routed(orjson.dumps({**ROUTED, "handover_above": 0.6}))
+    assert d is not None
+    up = escalation(d, Tier.LIGHT, "lost_card", 0.3, "light-m", 1.0, oos_score=0.7, abstained=True)
+    a = answer(up, Tier.HEAVY, "A colleague will reply.", "lost_card", 0.4, "heavy-m", 3.0, 10, 20,
+               handover="out_of_scope")
+    h = handover(up, a, 0.87654)
+    raw = orjson.dumps(h)
+    assert set(h) == fields_of("handover")[0] and schema_ok("handover", h) and validate_handover(h) == h
+    assert handover_of(raw) == h
+    assert (h["request_id"], h["text"], h["reason"], h["oos_score"], h["handover_above"], h["tier"]) == \
+        ("r1", "How do I reset my PIN?", "out_of_scope", 0.8765, 0.6, "heavy")
+    assert (h["light_intent"], h["light_confidence"], h["holding_message"]) == \
+        ("lost_card", 0.3, "A colleague will reply.")
+    assert not schema_ok("handover", {**h, "oos_score": 1.5}) and not schema_ok("handover", {**h, "x": 1})
 
 
 def test_an_answer_without_a_writer_s_fallback_carries_no_fallback_mark() -> None:

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from pipeline.contracts.topics import Tier
-from pipeline.core.cascade import Outcome, outcome
+from pipeline.core.cascade import NEVER, Outcome, outcome
 
 BELOW = 0.5
 FLAGS = ("shadow", "replay", "force", "degraded", "escalated")
@@ -56,3 +56,38 @@ def test_every_combination_obeys_the_cascade_rules(tier: Tier, conf: float, fres
 ])
 def test_the_named_rows(args: tuple[Tier, float, float], kwargs: dict[str, bool | None], expected: Outcome) -> None:
     assert outcome(*args, **kwargs) == expected  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- out of scope (issue 20)
+def test_a_confident_light_answer_out_of_scope_abstains_to_heavy() -> None:
+    o = outcome(Tier.LIGHT, 0.95, 0.5, oos_score=0.8, abstain_above=0.6, handover_above=0.7)
+    assert (o.escalate, o.abstained, o.answer, o.handover) == (True, True, False, False)
+
+
+def test_heavy_over_its_threshold_hands_over_and_under_it_answers() -> None:
+    over = outcome(Tier.HEAVY, 0.9, 0.5, escalated=True, oos_score=0.71, handover_above=0.7)
+    under = outcome(Tier.HEAVY, 0.9, 0.5, escalated=True, oos_score=0.69, handover_above=0.7)
+    assert (over.answer, over.handover, over.abstained, over.escalate) == (True, True, True, False)
+    assert (under.answer, under.handover, under.abstained) == (True, False, False)
+
+
+def test_a_threshold_of_one_never_abstains_nor_hands_over() -> None:
+    """Records from before the thresholds existed (absent fields read as NEVER) behave as they did."""
+    for tier in Tier:
+        o = outcome(tier, 0.9, 0.5, oos_score=1.0, abstain_above=NEVER, handover_above=NEVER)
+        assert not o.abstained and not o.handover
+
+
+def test_light_that_cannot_escalate_hands_over_itself() -> None:
+    """Degraded (heavy unhealthy): a person answers better than a guess."""
+    o = outcome(Tier.LIGHT, 0.9, 0.5, degraded=True, oos_score=0.9, abstain_above=0.5, handover_above=0.7)
+    assert (o.escalate, o.answer, o.handover) == (False, True, True)
+
+
+def test_shadows_and_answered_replays_never_hand_over() -> None:
+    shadow = outcome(Tier.HEAVY, 0.9, 0.5, shadow=True, oos_score=0.9, handover_above=0.5)
+    assert (shadow.answer, shadow.handover, shadow.abstained) == (False, False, True)
+    again = outcome(Tier.HEAVY, 0.9, 0.5, replay=True, fresh=False, oos_score=0.9, handover_above=0.5)
+    assert (again.answer, again.handover) == (False, False)
+    first = outcome(Tier.HEAVY, 0.9, 0.5, replay=True, fresh=True, oos_score=0.9, handover_above=0.5)
+    assert (first.answer, first.handover) == (True, True)
