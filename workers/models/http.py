@@ -191,7 +191,8 @@ class OpenAIChatClassifier:
                 raise ModelError(f"{self.name}: {len(failed)} of {len(batch)} requests failed: {failed[0]}")
             for i in redo:
                 answer = verdicts[i].answer or _HOLDING_ANSWER.get(batch[i].lang, _HOLDING_ANSWER["en"])
-                out[i] = Prediction(UNKNOWN, UNKNOWN_CONFIDENCE, answer, self.name)
+                # the server named none of the intents: out of scope as far as it can tell
+                out[i] = Prediction(UNKNOWN, UNKNOWN_CONFIDENCE, answer, self.name, oos=1.0)
         return [p for p in out if p is not None]
 
     # --- Generator ---

@@ -263,7 +263,8 @@ class OcrFusion:
             answer = p.answer
             if lines and self.quote_image_text:
                 answer = f"{answer} {image_note(lines, item.lang)}".strip()
-            out.append(Prediction(p.intent, combine_confidence(p.confidence, lines), answer, self.name))
+            out.append(Prediction(p.intent, combine_confidence(p.confidence, lines), answer, self.name, also=p.also,
+                                  oos=p.oos))
         return out
 
 

@@ -29,6 +29,9 @@ class TrainConfig:
     e5_l2_grid: tuple[float, ...] = (1e-6, 3e-6, 1e-5)
     e5_anchor_weight_grid: tuple[float, ...] = (5.0, 10.0)  # one translated example counts as this many
     multilingual_data: Path | None = None  # jsonl {text, category}: non-English anchors for e5 (the pack's)
+    # (file, label): every text of the file has that label, whatever its category says (the pack's out-of-scope
+    # and chit-chat lines); CSVs join the training data, JSONLs the e5 anchors
+    relabelled: tuple[tuple[Path, str], ...] = ()
     answer_examples: bool = True  # the answer templates (en, zh) as extra e5 examples of their intent
     answers_file: Path | None = None  # the domain pack's answer book those examples come from (None: no examples)
     fusion_weight_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # heavy: weight of charngram log-probs

@@ -53,6 +53,17 @@ def read_csv(path: Path, flag: str = "--data") -> Dataset:
     return Dataset([t for t, _ in rows], [c for _, c in rows])
 
 
+def read_texts(path: Path) -> list[str]:
+    """The texts of a `text,...` CSV or a JSONL of `{"text": ...}` objects (any category ignored)."""
+    if path.suffix == ".jsonl":
+        import json
+
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [str(r["text"]).strip() for r in rows if str(r.get("text", "")).strip()]
+    with path.open(newline="", encoding="utf-8") as f:
+        return [r["text"].strip() for r in csv.DictReader(f) if (r.get("text") or "").strip()]
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

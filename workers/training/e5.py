@@ -12,7 +12,7 @@ import numpy as np
 
 from workers.models.common import FloatArray
 from workers.training.config import TrainConfig
-from workers.training.data import Dataset, IntArray, Split, label_ids, stratified_split
+from workers.training.data import Dataset, IntArray, Split, label_ids, read_texts, stratified_split
 from workers.training.fitting import accuracy, fit_softmax_regression, fit_temperature
 
 log = logging.getLogger("tierflow.train")  # one logger for the whole run, as before the split
@@ -34,6 +34,11 @@ def multilingual_examples(labels: Sequence[str], cfg: TrainConfig) -> tuple[Data
                 if row["category"] in known:
                     translated.texts.append(row["text"])
                     translated.labels.append(row["category"])
+    for path, label in cfg.relabelled:
+        if path.suffix == ".jsonl" and label in known:
+            texts = read_texts(path)
+            translated.texts.extend(texts)
+            translated.labels.extend([label] * len(texts))
     answers = Dataset([], [])
     if cfg.answer_examples and cfg.answers_file is not None:
         from workers.domains import AnswerBook

@@ -38,7 +38,16 @@ from workers.models.charngram import CharNgramClassifier
 from workers.models.common import LATEST, MANIFEST
 from workers.training.charngram import train_charngram
 from workers.training.config import MODELS, TrainConfig
-from workers.training.data import Dataset, Split, file_sha256, files_sha256, label_ids, read_csv, stratified_split
+from workers.training.data import (
+    Dataset,
+    Split,
+    file_sha256,
+    files_sha256,
+    label_ids,
+    read_csv,
+    read_texts,
+    stratified_split,
+)
 from workers.training.e5 import train_e5
 from workers.training.encoder import train_encoder
 from workers.training.fitting import accuracy
@@ -123,12 +132,18 @@ def train(
         data_csv = data_csv or domain.train
         test_csv = test_csv or domain.test
         cfg = replace(cfg, multilingual_data=cfg.multilingual_data or domain.multilingual,
-                      answers_file=cfg.answers_file or domain.answers_file)
+                      answers_file=cfg.answers_file or domain.answers_file,
+                      relabelled=cfg.relabelled or domain.relabelled())
     if not data_csv:
         raise ConfigError("no training data: give --data CSV or --domain NAME|DIR")
     csvs = [data_csv] if isinstance(data_csv, Path) else list(data_csv)
     # read before importing torch (seconds): a wrong path is reported at once
     parts = [read_csv(p, "--data") for p in csvs]
+    for path, label in cfg.relabelled:  # out-of-scope and chit-chat lines: English ones train every model
+        if path.suffix != ".jsonl":
+            texts = read_texts(path)
+            parts.append(Dataset(texts, [label] * len(texts)))
+            csvs.append(path)  # hashed and named with the data
     data = Dataset([t for d in parts for t in d.texts], [c for d in parts for c in d.labels])
     test_data = read_csv(test_csv, "--test") if test_csv is not None else None
     import torch
