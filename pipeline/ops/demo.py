@@ -134,7 +134,8 @@ def _print(console: Console, answers: dict[str, Any], writer: str | None) -> Non
     table.add_column("ms", justify="right", no_wrap=True, min_width=5)
     for rid in sorted(answers):
         a = answers[rid]
-        tier = a["tier"] + ("+esc" if a["escalated"] else "") + ("+deg" if a["degraded"] else "")
+        tier = (a["tier"] + ("+esc" if a["escalated"] else "") + ("+deg" if a["degraded"] else "")
+                + ("→person" if a.get("handover") else ""))
         row = [rid.removeprefix("demo-"), cases.get(rid, ""), _short(texts.get(rid, ""), 60), tier,
                a["route_reason"].split(":")[0]]
         if wide:
@@ -149,12 +150,17 @@ def _print(console: Console, answers: dict[str, Any], writer: str | None) -> Non
     split = Counter(a["tier"] for a in answers.values())
     reasons = Counter(a["route_reason"] for a in answers.values())
     esc = sum(1 for a in answers.values() if a["escalated"])
+    handed = sum(1 for a in answers.values() if a.get("handover"))
     console.print("routing summary: " + ", ".join(f"{t}={n}" for t, n in sorted(split.items()))
-                  + f"; escalated={esc}; rules: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+                  + f"; escalated={esc}; handed over={handed}; rules: "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
 
 
 def _how(a: dict[str, Any], writer: str | None) -> str:
-    """How a heavy answer was worded: written by the generator, or the template and why."""
+    """How a heavy answer was worded: written by the generator, or the template and why; or that it was handed
+    over to a person (the customer has the holding message)."""
+    if a.get("handover"):
+        return f"; handed over to a person ({a.get('handover_reason', '?')}): holding message"
     if a["tier"] != "heavy":
         return ""
     if a.get("fallback"):

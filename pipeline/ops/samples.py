@@ -10,7 +10,8 @@ VIP_USER = "vip-alice"
 
 # The design article's cases (电商智能客服), in English and Chinese: a price question for the light tier, the
 # warranty question with a lost invoice that the heavy tier answers in writing, a VIP, a photo of a cracked screen,
-# an order-tracking question with an order number, and a photo of an order page whose number OCR reads.
+# an order-tracking question with an order number, and a photo of an order page whose number OCR reads; then small
+# talk and questions no shop answers (handed over to a person).
 SAMPLES: list[dict[str, Any]] = [
     {"id": "demo-01", "user_id": "u-1001", "case": "price", "text": "How much is this phone?"},
     {"id": "demo-02", "user_id": "u-1002", "case": "price", "text": "这个手机多少钱"},
@@ -28,6 +29,12 @@ SAMPLES: list[dict[str, Any]] = [
     {"id": "demo-11", "user_id": "u-1011", "case": "order photo", "text": "has this one shipped yet?",
      "image": "ORDER_PAGE"},
     {"id": "demo-12", "user_id": "u-1012", "case": "vague", "text": "hmm my thing"},
+    # 闲聊 and what no shop answers: small talk gets a short reply from light; an off-topic question goes to a person
+    {"id": "demo-13", "user_id": "u-1013", "case": "chit-chat", "text": "thanks, you've been very helpful!"},
+    {"id": "demo-14", "user_id": "u-1014", "case": "chit-chat", "text": "你好呀"},
+    {"id": "demo-15", "user_id": "u-1015", "case": "off-topic",
+     "text": "Can you help me fill in my tax return? I don't understand the form."},
+    {"id": "demo-16", "user_id": "u-1016", "case": "off-topic", "text": "明天北京会下雨吗"},
 ]
 
 

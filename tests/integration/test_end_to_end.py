@@ -161,8 +161,9 @@ def test_unsure_light_answers_escalate_to_heavy(
 
     s = settings_factory()
     t = topics_of(s)
+    # no abstentions: every escalation here is for low confidence (abstaining ones say "short:abstained")
     ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix).update("test", "escalate nearly all",
-                                                                         escalate_below=0.999)
+                                                                         escalate_below=0.999, abstain_above=1.0)
     start_pipeline(s, running, packaged_models)
     answers_c, results_c = reader(s, t.answers), reader(s, t.results)
     reqs = [{"id": f"esc-{i}", "text": text} for i, text in enumerate(["card?", "hmm my thing", "exchange", "我的卡"])]

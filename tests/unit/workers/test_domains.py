@@ -28,7 +28,7 @@ def test_the_built_in_packs_load_with_their_answers_and_facts() -> None:
     shop, bank = load_domain("ecommerce"), load_domain("banking")
     assert shop.name == "ecommerce" and bank.name == "banking"
     assert {"warranty_repair", "product_price", "track_order"} <= shop.answers.known()
-    assert len(bank.answers.known()) == 77
+    assert len(bank.answers.known()) == 78  # BANKING77 and chit-chat
     assert "1-year" in shop.answers.answer("warranty_repair", "en")
     assert CJK.search(shop.answers.answer("warranty_repair", "zh-CN"))
     facts = shop.answers.facts("warranty_repair", "zh")
@@ -104,8 +104,11 @@ def test_training_a_built_in_pack_uses_its_data_and_writes_its_name(tmp_path: Pa
     report = train(None, tmp_path, None, TrainConfig(models=("charngram",), char_l2_grid=(1e-5,)),
                    load_domain("ecommerce"))
     manifest = json.loads((report.path / "manifest.json").read_text())
-    assert manifest["domain"] == "ecommerce" and len(manifest["labels"]) == 29
-    assert manifest["data"]["train_csv"] == "train.csv+train_en_extra.csv" and report.n_test == 902
+    # its 29 intents, chit-chat and the out-of-scope class
+    assert manifest["domain"] == "ecommerce" and len(manifest["labels"]) == 31
+    assert {"chitchat", "oos"} <= set(manifest["labels"])
+    assert manifest["data"]["train_csv"] == "train.csv+train_en_extra.csv+oos_en.csv+chitchat_en.csv"
+    assert report.n_test == 902
     # every data directory's licence travels with the weights (Bitext's CDLA-Sharing among them)
     assert "Community Data License Agreement – Sharing" in (report.path / "DATA-bitext-LICENSE").read_text()
     assert report.accuracies["charngram"] > 0.95
@@ -139,3 +142,55 @@ def test_the_default_light_model_is_the_shops(shop_light: CharNgramClassifier) -
                                 Item("where is my order 58213?")])
     assert [p.intent for p in preds] == ["warranty_repair", "product_price", "track_order"]
     assert "1-year" in preds[0].answer and preds[2].answer.startswith("Order 58213: ")
+
+
+def test_a_pack_s_out_of_scope_and_chitchat_lines_train_their_classes(tmp_path: Path) -> None:
+    """Lines named under `out_of_scope` / `chitchat` are trained as `oos` / `chitchat` whatever their rows say;
+    the oos class's probability is the out-of-scope score, and small talk scores 0 and gets its reply."""
+    pack = _pack(tmp_path / "sockshop")
+    (pack / "oos.csv").write_text("text,category\n" + "".join(f"what is the weather in city {i},anything\n"
+                                                               for i in range(20)), encoding="utf-8")
+    (pack / "chat.csv").write_text("text,category\n" + "".join(f"{w} there {i},x\n" for i in range(10)
+                                                                for w in ("hello", "thanks")), encoding="utf-8")
+    book = json.loads((pack / "answers.json").read_text(encoding="utf-8"))
+    book["intents"]["chitchat"] = {"en": "Hello!", "zh": "您好！", "replies": {"thanks": {"en": "You're welcome!",
+                                                                                        "zh": "不客气！"}}}
+    (pack / "answers.json").write_text(json.dumps(book, ensure_ascii=False), encoding="utf-8")
+    spec = json.loads((pack / "domain.json").read_text())
+    (pack / "domain.json").write_text(json.dumps({**spec, "out_of_scope": ["oos.csv"], "chitchat": ["chat.csv"]}))
+    assert train_main(["--domain", str(pack), "--models", "charngram"]) == 0
+    model = CharNgramClassifier.from_settings(Settings(domain=str(pack)), Tier.LIGHT)
+    model.setup("cpu")
+    assert set(model.labels) == {"track_parcel", "wrong_size", "chitchat", "oos"}
+    parcel, weather, thanks = model.predict([Item("where is my parcel number 3"),
+                                             Item("what is the weather in city 12"), Item("thanks there 4")])
+    assert parcel.intent == "track_parcel" and parcel.oos < 0.3
+    assert weather.oos > 0.5 and weather.intent != "oos"  # the nearest known intent (never the class itself)
+    assert (thanks.intent, thanks.oos, thanks.answer) == ("chitchat", 0.0, "You're welcome!")
+
+
+def test_the_out_of_scope_score_is_the_oos_class_or_max_softmax() -> None:
+    import numpy as np
+
+    from workers.models.common import scoped
+
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]], dtype=np.float32)
+    with_oos = scoped(probs, ["a", "b", "oos"])
+    assert with_oos.best.tolist() == [0, 1, 1]  # never the oos class itself
+    assert np.allclose(with_oos.oos, [0.1, 0.6, 0.3]) and np.allclose(with_oos.confidence, [0.7, 0.3, 0.5])
+    without = scoped(probs, ["a", "b", "c"])
+    assert np.allclose(without.oos, [0.3, 0.4, 0.5])  # 1 - the top probability
+    chat = scoped(probs, ["chitchat", "b", "oos"])
+    assert np.allclose(chat.oos, [0.0, 0.6, 0.3])  # small talk on top: never handed over
+
+
+@pytest.mark.parametrize(("text", "lang", "reply"), [
+    ("thank you so much", "en", "thanks"), ("谢谢啦", "zh", "thanks"), ("ok bye", "en", "bye"), ("拜拜", "zh", "bye"),
+    ("hello there", "en", None), ("在吗", "zh", None),
+])
+def test_chit_chat_replies_to_what_the_message_says(text: str, lang: str, reply: str | None) -> None:
+    book = load_domain("ecommerce").answers
+    entry = book.intents["chitchat"]
+    want = entry["replies"][reply][lang] if reply else entry[lang]
+    assert book.answer("chitchat", lang, text) == want
+    assert book.holding(lang) == book.fallback[lang]
