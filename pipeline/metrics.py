@@ -83,6 +83,8 @@ MODEL_SCORE = Gauge("tierflow_model_score", "The design article's score per mode
 ACCURACY = Gauge("tierflow_accuracy", "Windowed accuracy against ground truth (or agreement proxy)",
                  ["tier", "source"])
 HEAVY_SHARE = OwnedGauge("tierflow_heavy_share", "Share of final answers from the heavy tier in the window")
+HANDOVER_SHARE = OwnedGauge("tierflow_handover_share",
+                            "Share of final answers handed over to a person in the window (all tiers)")
 TIER_P95 = Gauge("tierflow_tier_latency_p95_seconds", "Windowed p95 end-to-end latency per tier", ["tier"])
 
 # --- infrastructure ---

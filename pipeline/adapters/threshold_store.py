@@ -181,8 +181,8 @@ class ThresholdCache:
 
     def _publish_metrics(self, doc: Thresholds) -> None:
         metrics.THRESHOLD_VERSION.set(doc.version)
-        for key in ("length_threshold", "escalate_below", "shadow_rate", "heavy_budget",
-                    "heavy_slo_p95_ms", "light_slo_p95_ms"):
+        for key in ("length_threshold", "escalate_below", "shadow_rate", "heavy_budget", "abstain_above",
+                    "handover_above", "handover_budget", "heavy_slo_p95_ms", "light_slo_p95_ms"):
             metrics.THRESHOLD.labels(key).set(float(getattr(doc, key)))
 
     def _mark_stale(self, e: Exception) -> None:

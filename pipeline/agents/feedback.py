@@ -4,7 +4,7 @@ A faust-streaming app (web server off) reads `tierflow.results` and `tierflow.la
 (`stream.take_events(max_, within)`), feeds `pipeline.core.stats.Aggregator` (windows per tier and per
 model, label and shadow joins) and, every `interval_s`, runs `pipeline.core.controller.decide` and writes
 its changes with `ThresholdStore.update(..., respect_pins=True)`, reason and inputs included, or rolls
-a bad change back. It publishes the model scores, accuracy, heavy share and tier p95 metrics.
+a bad change back. It publishes the model scores, accuracy, heavy share, hand-over share and tier p95 metrics.
 
 Durable state lives in Redis, not in faust tables (tansu's changelog recovery lost updates): every
 interval the whole state (windows, last-N per model, pending joins, the change under observation,
@@ -48,7 +48,7 @@ from pipeline.contracts.keys import Keys
 from pipeline.contracts.records import result_of
 from pipeline.contracts.topics import Topics
 from pipeline.core.controller import (
-    KNOBS,
+    TUNED,
     ControllerConfig,
     ControllerState,
     Decision,
@@ -79,7 +79,9 @@ def agg_config(fb: FeedbackSection) -> AggConfig:
 def controller_config(fb: FeedbackSection, startup_s: float) -> ControllerConfig:
     """The controller's knobs, from the agent's settings (the rollback watch defaults to two windows);
     `startup_s`: `settings.heartbeat.startup_s`."""
-    return ControllerConfig(min_results=fb.min_results, deadband=fb.deadband, shed_cooldown_s=fb.window_s,
+    # the hand-over share rests on as many answers as the heavy share: the window widens until it has them
+    return ControllerConfig(min_results=fb.min_results, min_oos_scores=fb.min_results, deadband=fb.deadband,
+                            shed_cooldown_s=fb.window_s,
                             observe_s=fb.observe_s if fb.observe_s is not None else 2 * fb.window_s,
                             startup_s=startup_s)
 
@@ -251,7 +253,11 @@ class Feedback:
         if res.written is not None:
             self.thresholds = res.written
             self.state = applied(d, res.written.version)
-            self.agg.track_since(res.written.version if d.action == "change" else None)
+            if d.action != "change":
+                self.agg.track_since(None)
+            elif d.change is not None:
+                self.agg.track_since(res.written.version)
+            # else a change with nothing to watch (a hand-over threshold alone): the watched one keeps its count
         elif d.action == "hold" or not self.cfg.control:
             self.state = d.state
             if self.state.pending is None and self.agg.since is not None:
@@ -262,6 +268,7 @@ class Feedback:
     def publish(self, w: WindowStats) -> None:
         """Prometheus gauges for the window."""
         metrics.HEAVY_SHARE.set(w.heavy_share)
+        metrics.HANDOVER_SHARE.set(w.handover_share)
         for tier, t in w.tiers.items():
             if t.p95_ms is not None:
                 metrics.TIER_P95.labels(tier).set(t.p95_ms / 1000.0)
@@ -276,7 +283,7 @@ class Feedback:
                     metrics.MODEL_SCORE.labels(tier, model).set(value)
         if self.thresholds is not None:
             metrics.THRESHOLD_VERSION.set(th.version)
-            for key in KNOBS:
+            for key in TUNED:
                 metrics.THRESHOLD.labels(key).set(float(getattr(th, key)))
 
     def scores(self, th: Thresholds) -> dict[str, list[tuple[str, float | None]]]:

@@ -35,6 +35,16 @@ text traffic:
   moved traffic onto heavy is rolled back when the heavy p95 broke the SLO by more than
   `rollback_slo_margin`. For `hold_after_rollback_s` the controller then makes no move in that
   direction again.
+- Hand-overs (issue 20): `handover_budget` is a ceiling on the share of final answers handed over to a person,
+  not a quota. The share at a `handover_above` is predicted from the window's out-of-scope scores of final
+  answers (those over it are handed over; unlike the measured share it does not lag a change). Over budget,
+  `handover_above` rises toward the score quantile that predicts the budget, at most `max_handover_step` a
+  decision; the value it started from (an operator's or the default) is kept as its base. Under budget again
+  it comes back down toward that base, never below it, and never so far that the prediction breaks the budget.
+  A value someone else wrote meanwhile (`tierflow thresholds set` or `rollback`) becomes the new base. The move
+  rides along the decision of the heavy-share stages (apart from a rollback, which is alone), and is not part of
+  the watched `Change`: a hand-over threshold moves no traffic between the tiers, and a heavy rollback leaves it
+  alone.
 
 `score()` is the design article's per-model score, used to rank the models of a tier.
 """
@@ -53,6 +63,8 @@ from pipeline.core.stats import AfterChange, Distribution, TierWindow, WindowSta
 from pipeline.core.thresholds import Thresholds
 
 KNOBS = ("length_threshold", "escalate_below")
+HANDOVER_KNOB = "handover_above"
+TUNED = (*KNOBS, HANDOVER_KNOB)  # every key the controller moves
 Direction = Literal["less_heavy", "more_heavy", "none"]
 Action = Literal["hold", "change", "rollback"]
 
@@ -116,6 +128,9 @@ class ControllerConfig:
     rollback_slo_margin: float = 0.2  # heavy p95 > slo * (1 + margin) after a more-heavy change
     hold_after_rollback_s: float = 60.0
     startup_s: float = 300.0  # a heavy worker starting this long still stands for a ready one (core/health.py)
+    min_oos_scores: int = 200  # final answers' out-of-scope scores in the window before moving handover_above
+    max_handover_step: float = 0.05
+    min_handover_delta: float = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +163,10 @@ class ControllerState:
     calm_since: float | None = None  # since when the heavy tier has looked healthy, without a break
     hold_until_s: float = 0.0  # after a rollback, no move in the `blocked` direction until then
     blocked: Direction | None = None
+    # While the controller holds handover_above raised over budget: the value it started from (never gone below)
+    # and the value it wrote last (a different one in the document was written by someone else: the new base).
+    handover_base: float | None = None
+    handover_set: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,7 +182,8 @@ class ControllerState:
         return cls(pending=pending, shed_target=d.get("shed_target"), shed_at_s=float(d.get("shed_at_s", 0.0)),
                    home=dict(home) if home is not None else None, home_version=int(d.get("home_version", 0)),
                    calm_since=d.get("calm_since"), hold_until_s=float(d.get("hold_until_s", 0.0)),
-                   blocked=d.get("blocked"))
+                   blocked=d.get("blocked"), handover_base=d.get("handover_base"),
+                   handover_set=d.get("handover_set"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +221,7 @@ def _bounds(key: str) -> tuple[float, float]:
     return lo, hi
 
 
-BOUNDS: dict[str, tuple[float, float]] = {k: _bounds(k) for k in KNOBS}
+BOUNDS: dict[str, tuple[float, float]] = {k: _bounds(k) for k in TUNED}
 
 
 def _clamp(x: float, lo: float, hi: float) -> float:
@@ -250,6 +270,22 @@ def calibrate_length(w: WindowStats, rule_target: float) -> float | None:
     return w.chars.quantile(1.0 - min(1.0, over))
 
 
+def handover_share(oos: Distribution, handover_above: float) -> float:
+    """Share of final answers handed over at `handover_above`: those whose out-of-scope score is over it."""
+    if oos.count == 0 or handover_above >= 1.0:  # no score is over 1
+        return 0.0
+    return 1.0 - oos.cdf(handover_above)
+
+
+def calibrate_handover(oos: Distribution, budget: float) -> float:
+    """The `handover_above` at which a share `budget` of final answers is handed over: the (1 - budget) score
+    quantile (1: never, when the scores are unknown or the budget is 0)."""
+    if budget <= 0.0:
+        return 1.0
+    t = oos.quantile(1.0 - min(1.0, budget))
+    return 1.0 if t is None else t
+
+
 def _diff_se(p1: float, n1: int, p2: float, n2: int) -> float:
     """Standard error of the difference of two proportions (n1 == 0: of the second alone)."""
     var = p2 * (1.0 - p2) / max(1, n2)
@@ -275,7 +311,8 @@ def _inputs(w: WindowStats, th: Thresholds, now_s: float) -> dict[str, Any]:
     for name, t in w.tiers.items():
         tiers[name] = {"answers": t.finals, "p95_ms": _r(t.p95_ms, 1), "accuracy": _r(t.accuracy),
                        "labeled": t.labeled, "agreement": _r(t.agreement), "agreed": t.agreed,
-                       "escalation_rate": _r(t.escalation_rate), "degradation_rate": _r(t.degradation_rate)}
+                       "escalation_rate": _r(t.escalation_rate), "degradation_rate": _r(t.degradation_rate),
+                       "abstained": t.abstained, "handovers": t.handovers}
     return {
         "at": round(now_s, 3),
         "text_answers": w.text_finals,
@@ -289,6 +326,10 @@ def _inputs(w: WindowStats, th: Thresholds, now_s: float) -> dict[str, Any]:
         "min_accuracy": th.min_accuracy,
         "heavy_slo_p95_ms": th.heavy_slo_p95_ms,
         "light_slo_p95_ms": th.light_slo_p95_ms,
+        "answers": w.finals,
+        "handovers": w.handovers,
+        "handover_share": _r(w.handover_share),
+        "handover_budget": th.handover_budget,
         "tiers": tiers,
     }
 
@@ -394,7 +435,8 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
 
     Four stages, each may end the decision: (1) the change under watch is kept, accepted or rolled back;
     (2) a heavy tier healthy again gets its thresholds from before the shed back; (3) a breached SLO sets a
-    shed goal; (4) the knobs move toward the goal (the budget, or the shed's).
+    shed goal; (4) the knobs move toward the goal (the budget, or the shed's). Unless (1) rolled back, the
+    hand-over budget's move of `handover_above` joins the decision (a hold with it becomes a change).
     """
     cfg = cfg or ControllerConfig()
     t = _Tick(w, th, state, now_s, cfg, heavy_now, _inputs(w, th, now_s))
@@ -402,7 +444,11 @@ def decide(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,
     if heavy_now is not None:
         t.inputs["heavy_workers"] = {"workers": heavy_now.workers, "lag": heavy_now.lag,
                                      "p95_ms": round(heavy_now.p95_ms, 1)}
-    return _watch(t, after) or _recover(t, recent) or _enough_traffic(t) or _calibrate(t, _slo_goal(t), recent)
+    rollback = _watch(t, after)
+    if rollback is not None:
+        return rollback  # alone: the hand-over budget is looked at again on the next tick
+    d = _recover(t, recent) or _enough_traffic(t) or _calibrate(t, _slo_goal(t), recent)
+    return _with_handover(d, _handover(t, d.state))
 
 
 def _watch(t: _Tick, after: AfterChange | None) -> Decision | None:
@@ -611,6 +657,75 @@ def _calibrate(t: _Tick, g: _Goal, recent: WindowStats | None) -> Decision:
                     baseline_heavy_p95_ms=p95, expected_accuracy_cost=round(cost, 4),
                     baseline_labeled=ref.labeled)
     return Decision("change", reason, inputs, state, values, change=change)
+
+
+@dataclass(frozen=True, slots=True)
+class _HandoverMove:
+    """What the hand-over budget asks of this tick: a new `handover_above` (None: none) and the state to keep."""
+
+    value: float | None
+    why: str
+    state: ControllerState
+
+
+def _handover(t: _Tick, state: ControllerState) -> _HandoverMove:
+    """Keep the hand-over share under `handover_budget`: raise `handover_above` while over, lower it back toward
+    its base once under (see the module docstring). `state`: the state the heavy-share stages decided."""
+    w, th, cfg = t.w, t.th, t.cfg
+    cur, budget = th.handover_above, th.handover_budget
+    if state.handover_set is not None and cur != state.handover_set:
+        # written by someone else since (an operator's set or rollback): their value is the base from now on
+        state = replace(state, handover_base=None, handover_set=None)
+    base = state.handover_base
+    before = handover_share(w.oos, cur)
+    t.inputs.update(handover_predicted=round(before, 4), oos_scores=w.oos.count, handover_base=base)
+    if HANDOVER_KNOB in th.pinned:
+        return _HandoverMove(None, "", state)
+    over = before > budget + cfg.deadband
+    lower_to = base if base is not None and cur > base and before < budget - cfg.deadband else None
+    if not over and lower_to is None:
+        return _HandoverMove(None, "", state)
+    if w.oos.count < cfg.min_oos_scores:
+        return _HandoverMove(None, f"{w.oos.count} out-of-scope scores (< {cfg.min_oos_scores}): handover_above "
+                                   "kept", state)
+    lo, hi = BOUNDS[HANDOVER_KNOB]
+    want = calibrate_handover(w.oos, budget)
+    if over:
+        new = _clamp(min(want, cur + cfg.max_handover_step), cur, hi)
+        if new - cur < cfg.min_handover_delta:
+            return _HandoverMove(None, f"hand-over share {before:.3f} over budget {budget:.3f}, but handover_above "
+                                       f"{cur:.4g} is at its bound", state)
+        state = replace(state, handover_base=cur if base is None else base, handover_set=round(new, 4))
+    elif lower_to is not None:
+        # never below the base, nor where the prediction would break the budget
+        new = _clamp(max(lower_to, want, cur - cfg.max_handover_step), lo, cur)
+        if cur - new < cfg.min_handover_delta and new != lower_to:
+            return _HandoverMove(None, "", state)
+        done = new <= lower_to  # back at the base: the controller holds it raised no more
+        state = replace(state, handover_base=None if done else lower_to, handover_set=None if done else round(new, 4))
+    new = round(new, 4)
+    after = handover_share(w.oos, new)
+    t.inputs.update(handover_after=round(after, 4), handover_quantile=round(want, 4))
+    what = "over" if over else "under"
+    back = " (its base)" if not over and new == base else ""
+    why = (f"hand-over share {w.handover_share:.3f} of {w.finals} answers ({w.handovers} handed over; predicted "
+           f"{before:.3f}) {what} budget {budget:.3f}: handover_above {_fmt(cur)} -> {_fmt(new)}{back} "
+           f"(predicted {after:.3f})")
+    return _HandoverMove(new, why, state)
+
+
+def _with_handover(d: Decision, m: _HandoverMove) -> Decision:
+    """The heavy-share stages' decision `d` with the hand-over move in the same write (one decision per tick).
+
+    A move on a hold becomes a change of its own without a `Change` to watch: the one under watch (if any) stays."""
+    if m.value is None:
+        reason = f"{d.reason}; {m.why}" if m.why else d.reason
+        return replace(d, reason=reason, state=replace(d.state, handover_base=m.state.handover_base,
+                                                       handover_set=m.state.handover_set))
+    state = replace(d.state, handover_base=m.state.handover_base, handover_set=m.state.handover_set)
+    if d.action == "hold":
+        return Decision("change", f"{m.why}; {d.reason}", d.inputs, state, {HANDOVER_KNOB: m.value})
+    return replace(d, reason=f"{d.reason}; {m.why}", state=state, values={**d.values, HANDOVER_KNOB: m.value})
 
 
 def _restore(w: WindowStats, th: Thresholds, state: ControllerState, now_s: float,

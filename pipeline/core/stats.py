@@ -3,8 +3,9 @@
 `Aggregator` takes decoded result and label records and keeps
 - hopping windows: buckets of `hop_ms` by event time (`answered_at`), a window is the buckets of the
   last `window_ms`; per tier and per model: counts, latency / queue-wait histograms, batch sizes,
-  escalation and degradation counts, accuracy against ground truth, shadow agreement; plus the two
-  distributions the controller calibrates on (light confidence, request length);
+  escalation and degradation counts, abstentions and hand-overs to a person (issue 20), accuracy against
+  ground truth, shadow agreement; plus the three distributions the controller calibrates on (light
+  confidence, request length, the final stages' out-of-scope scores);
 - the last N outcomes per model for the design article's score;
 - pending joins: labels waiting for their results and results waiting for labels (TTL), light
   answers and shadow predictions waiting for each other (TTL);
@@ -198,21 +199,28 @@ class TierAgg:
     agree_n: int = 0
     agree: int = 0
     batch_sum: int = 0
+    abstained: int = 0  # stage results over their out-of-scope threshold (light: escalated; else: handed over)
+    handovers: int = 0  # finals handed over to a person
     latency: LogHistogram = field(default_factory=LogHistogram)  # end-to-end ms of finals
     queue: LogHistogram = field(default_factory=LogHistogram)  # queue wait ms of stage results
+    handover_reasons: dict[str, int] = field(default_factory=dict)  # `handovers` by `handover_reason`
 
     _COUNTS = ("finals", "stage", "eligible", "escalated_out", "escalated_in", "degraded", "labeled",
-               "correct", "ratings", "rating_sum", "agree_n", "agree", "batch_sum")
+               "correct", "ratings", "rating_sum", "agree_n", "agree", "batch_sum", "abstained", "handovers")
 
     def merge(self, o: TierAgg) -> None:
         for k in self._COUNTS:
             setattr(self, k, getattr(self, k) + getattr(o, k))
         self.latency.merge(o.latency)
         self.queue.merge(o.queue)
+        for why, n in o.handover_reasons.items():
+            self.handover_reasons[why] = self.handover_reasons.get(why, 0) + n
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in self._COUNTS if getattr(self, k)}
         d["lat"], d["queue"] = self.latency.to_json(), self.queue.to_json()
+        if self.handover_reasons:
+            d["handover_reasons"] = dict(self.handover_reasons)
         return d
 
     @classmethod
@@ -221,6 +229,7 @@ class TierAgg:
         for k in cls._COUNTS:
             setattr(t, k, int(d.get(k, 0)))
         t.latency, t.queue = LogHistogram.from_json(d["lat"]), LogHistogram.from_json(d["queue"])
+        t.handover_reasons = {str(k): int(n) for k, n in d.get("handover_reasons", {}).items()}
         return t
 
 
@@ -261,6 +270,7 @@ class Bucket:
     confidence: LinearHistogram = field(default_factory=LinearHistogram)  # eligible light results
     chars: LogHistogram = field(default_factory=LogHistogram)  # non-VIP text requests (finals)
     vip: int = 0  # VIP text requests (finals)
+    oos: LinearHistogram = field(default_factory=LinearHistogram)  # out-of-scope scores of finals (all tiers)
 
     def tier(self, name: str) -> TierAgg:
         t = self.tiers.get(name)
@@ -282,17 +292,21 @@ class Bucket:
         self.confidence.merge(o.confidence)
         self.chars.merge(o.chars)
         self.vip += o.vip
+        self.oos.merge(o.oos)
 
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start_ms, "tiers": {k: t.to_json() for k, t in self.tiers.items()},
                 "models": {k: m.to_json() for k, m in self.models.items()},
-                "conf": self.confidence.to_json(), "chars": self.chars.to_json(), "vip": self.vip}
+                "conf": self.confidence.to_json(), "chars": self.chars.to_json(), "vip": self.vip,
+                "oos": self.oos.to_json()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Bucket:
+        # "oos": absent from snapshots written before issue 20 (their finals had no scores: none to restore)
         return cls(int(d["start"]), {k: TierAgg.from_json(v) for k, v in d["tiers"].items()},
                    {k: ModelAgg.from_json(v) for k, v in d["models"].items()},
-                   LinearHistogram.from_json(d["conf"]), LogHistogram.from_json(d["chars"]), int(d["vip"]))
+                   LinearHistogram.from_json(d["conf"]), LogHistogram.from_json(d["chars"]), int(d["vip"]),
+                   LinearHistogram.from_json(d["oos"]) if "oos" in d else LinearHistogram())
 
 
 @dataclass
@@ -336,6 +350,10 @@ class TierWindow:
     agreement: float | None  # light finals agreeing with heavy's shadow prediction
     agreed: int  # shadow pairs behind `agreement`
     rating: float | None  # mean customer rating 1-5
+    abstained: int = 0  # stage results over their out-of-scope threshold
+    abstention_rate: float = 0.0  # share of the stage results that abstained
+    handovers: int = 0  # finals handed over to a person
+    handover_reasons: Mapping[str, int] = field(default_factory=dict)  # `handovers` by reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +386,11 @@ class WindowStats:
     accuracy: float | None  # all text finals against ground truth
     labeled: int
     models: Mapping[str, ModelWindow] = field(default_factory=dict)
+    # hand-overs to a person (issue 20): shares of all final answers, text and multimodal, as `handover_budget` is
+    finals: int = 0
+    handovers: int = 0
+    handover_share: float = 0.0
+    oos: Distribution = field(default_factory=LinearHistogram)  # out-of-scope scores of the finals
 
     def tier(self, name: str) -> TierWindow | None:
         return self.tiers.get(name)
@@ -401,6 +424,8 @@ def _tier_window(t: TierAgg, tier: str) -> TierWindow:
         accuracy=_ratio(t.correct, t.labeled), labeled=t.labeled,
         agreement=_ratio(t.agree, t.agree_n), agreed=t.agree_n,
         rating=_ratio(t.rating_sum, t.ratings),
+        abstained=t.abstained, abstention_rate=_ratio(t.abstained, t.stage) or 0.0,
+        handovers=t.handovers, handover_reasons=dict(t.handover_reasons),
     )
 
 
@@ -412,6 +437,8 @@ def summarize(buckets: Iterable[Bucket]) -> WindowStats:
     tiers = {k: _tier_window(t, k) for k, t in total.tiers.items()}
     light, heavy = total.tiers.get("light", TierAgg()), total.tiers.get("heavy", TierAgg())
     text = light.finals + heavy.finals
+    finals = sum(t.finals for t in total.tiers.values())
+    handovers = sum(t.handovers for t in total.tiers.values())
     models = {}
     for key, m in total.models.items():
         tier, _, model = key.partition("/")
@@ -428,6 +455,8 @@ def summarize(buckets: Iterable[Bucket]) -> WindowStats:
         accuracy=_ratio(light.correct + heavy.correct, light.labeled + heavy.labeled),
         labeled=light.labeled + heavy.labeled,
         models=models,
+        finals=finals, handovers=handovers, handover_share=_ratio(handovers, finals) or 0.0,
+        oos=total.oos,
     )
 
 
@@ -454,6 +483,11 @@ class Observed:
     chars: int
     vip: bool
     label: str | None
+    # issue 20; absent from older workers' records: a score of 0 that never abstained nor handed over
+    oos_score: float = 0.0
+    abstained: bool = False
+    handover: bool = False
+    handover_reason: str | None = None
 
     @classmethod
     def of(cls, rec: Result) -> Observed:
@@ -470,6 +504,9 @@ class Observed:
             version=int(rec["threshold_version"]), at_ms=int(at), total_ms=float(t["total"]),
             queue_ms=float(t["queue"]), inference_ms=float(t["inference"]), batch_size=int(rec["batch_size"]),
             chars=int(feats["chars"]), vip=bool(feats["vip"]), label=str(label) if label else None,
+            oos_score=float(rec.get("oos_score") or 0.0), abstained=bool(rec.get("abstained")),
+            handover=bool(rec.get("handover")),
+            handover_reason=str(rec.get("handover_reason") or "unknown") if rec.get("handover") else None,
         )
 
 
@@ -644,9 +681,12 @@ class Aggregator:
             t.stage += 1
             t.batch_sum += o.batch_size
             t.queue.add(o.queue_ms)
+            t.abstained += o.abstained
             if o.tier == "light" and not o.degraded and not o.escalated:
                 t.eligible += 1
-                b.confidence.add(o.confidence)
+                # An abstention escalates whatever escalate_below is: kept as confidence 0 (below any threshold),
+                # the share model predicts it, instead of missing it from the heavy share it aims at the budget.
+                b.confidence.add(0.0 if o.abstained and not o.final else o.confidence)
                 if not o.final:
                     t.escalated_out += 1
         if not o.final:
@@ -666,6 +706,11 @@ class Aggregator:
         if t is not None and b is not None:
             t.finals += 1
             t.latency.add(o.total_ms)
+            b.oos.add(o.oos_score)  # what `handover_above` is compared with (`observe` returned on a shadow)
+            if o.handover:
+                t.handovers += 1
+                why = o.handover_reason or "unknown"
+                t.handover_reasons[why] = t.handover_reasons.get(why, 0) + 1
             if o.degraded:
                 t.degraded += 1
             if o.tier == "heavy" and o.escalated:

@@ -36,5 +36,5 @@ def test_an_owned_gauge_is_exported_from_its_first_set() -> None:
 
 
 def test_the_owned_gauges_are_the_unlabelled_ones_aggregated_across_processes() -> None:
-    assert {g.name for g in OWNED} == {"tierflow_heavy_healthy", "tierflow_heavy_share", "tierflow_threshold_version",
-                                       "tierflow_thresholds_stale"}
+    assert {g.name for g in OWNED} == {"tierflow_heavy_healthy", "tierflow_heavy_share", "tierflow_handover_share",
+                                       "tierflow_threshold_version", "tierflow_thresholds_stale"}

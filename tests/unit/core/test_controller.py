@@ -1,11 +1,12 @@
 """The controller on simulated traffic: budget tracking under drift, SLO shedding and restore, rollback, bounds,
-pins, score."""
+pins, the hand-over budget, score."""
 
 from __future__ import annotations
 
 import math
 import random
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import orjson
 import pytest
@@ -14,13 +15,16 @@ from pipeline.adapters.heartbeats import observation
 from pipeline.contracts.records import heartbeat
 from pipeline.core.controller import (
     BOUNDS,
+    HANDOVER_KNOB,
     Change,
     ControllerConfig,
     ControllerState,
     Decision,
     applied,
     calibrate_escalation,
+    calibrate_handover,
     decide,
+    handover_share,
     predicted_share,
     rank_models,
     score,
@@ -48,6 +52,10 @@ class Sim:
     beats: bool = False  # heavy workers' heartbeats: their p95 over the last step (0: idle), as the agent reads them
     heavy_now: Observation | None = None
     decisions: list[Decision] = field(default_factory=list)
+    # Share of requests out of scope (issue 20): their final stage scores ~ U(0.6, 1), the others ~ U(0, 0.4); a
+    # score over handover_above hands the request over. A generator of its own keeps the other tests' draws.
+    out_of_scope: float = 0.0
+    oos_rnd: random.Random = field(default_factory=lambda: random.Random(13))
 
     def step(self, n: int, mu: float, a: float, b: float, heavy_ms: float = 300.0, light_acc: float | None = None,
              vip: float = 0.02, degraded: bool = False, chars: int | None = None) -> float:
@@ -82,8 +90,14 @@ class Sim:
 
     def _see(self, rid: str, tier: str, conf: float, final: bool, esc: bool, chars: int, vip: bool, at: int,
              total: float, intent: str, degraded: bool = False) -> None:
+        score = 0.0
+        if final and self.out_of_scope > 0:
+            out = self.oos_rnd.random() < self.out_of_scope
+            score = self.oos_rnd.uniform(0.6, 1.0) if out else self.oos_rnd.uniform(0.0, 0.4)
+        over = score > self.th.handover_above
         self.agg.observe(Observed(rid, tier, f"{tier}-m", intent, conf, final, False, esc, degraded, self.th.version,
-                                  at, total, 1.0, 5.0, 8, chars, vip, "x"), at)
+                                  at, total, 1.0, 5.0, 8, chars, vip, "x", oos_score=score, abstained=over,
+                                  handover=over, handover_reason="out_of_scope" if over else None), at)
 
     def tick(self) -> Decision:
         self.agg.expire(self.now_ms)
@@ -95,7 +109,8 @@ class Sim:
         if self.control and d.action != "hold":
             self.th = self.th.changed("feedback", d.reason, d.inputs, **d.values)
             self.state = applied(d, self.th.version)
-            self.agg.track_since(self.th.version if d.action == "change" else None)
+            if d.action != "change" or d.change is not None:  # as the agent: a hand-over move alone is not watched
+                self.agg.track_since(self.th.version if d.action == "change" else None)
         elif self.control:
             self.state = d.state
         return d
@@ -469,6 +484,144 @@ def test_state_round_trips_through_json() -> None:
     old = {"pending": None, "shed_target": 0.2, "shed_at_s": 5.0, "length_home": 50, "hold_until_s": 0.0,
            "blocked": None}
     assert ControllerState.from_json(old).home == {"length_threshold": 50}
+    assert ControllerState.from_json(old).handover_base is None  # nor did a hand-over budget
+    raised = ControllerState(handover_base=0.5, handover_set=0.65)
+    assert ControllerState.from_json(orjson.loads(orjson.dumps(raised.to_json()))) == raised
+
+
+# --------------------------------------------------------------------------- the hand-over budget
+def _handover_sim(out_of_scope: float, pinned: tuple[str, ...] = ()) -> Sim:
+    """`out_of_scope` of the traffic out of scope; the heavy-share knobs pinned, so that only the hand-over moves."""
+    th = Thresholds(pinned=("length_threshold", "escalate_below", *pinned))
+    return Sim(th=th, out_of_scope=out_of_scope)
+
+
+def _handover_steps(sim: Sim, steps: int) -> list[float]:
+    """`steps` control intervals; the handover_above after each."""
+    out = []
+    for _ in range(steps):
+        sim.step(1500, math.log(30), 6, 2)
+        out.append(sim.th.handover_above)
+    return out
+
+
+def test_handover_share_and_calibration_read_the_score_distribution() -> None:
+    sim = _handover_sim(0.2)
+    sim.control = False
+    sim.step(5000, math.log(30), 6, 2)
+    w = sim.agg.window(sim.now_ms)
+    assert w.handover_share == pytest.approx(0.2, abs=0.02)  # every out-of-scope score is over 0.5
+    assert handover_share(w.oos, 0.5) == pytest.approx(w.handover_share, abs=0.01)  # predicted = measured
+    assert handover_share(w.oos, 1.0) == 0.0
+    above = calibrate_handover(w.oos, 0.1)
+    assert above == pytest.approx(0.8, abs=0.03) and handover_share(w.oos, above) == pytest.approx(0.1, abs=1e-6)
+    assert calibrate_handover(w.oos, 0.0) == 1.0
+
+
+def test_over_budget_raises_handover_above_in_bounded_steps_to_the_budget() -> None:
+    sim = _handover_sim(0.2)  # 20% out of scope, budget 10%: half of them are too many for the desk
+    path = _handover_steps(sim, 12)
+    steps = [b - a for a, b in pairwise([0.5, *path])]
+    assert max(steps) <= ControllerConfig().max_handover_step + 1e-9 and min(steps) >= 0
+    assert path[-1] == pytest.approx(0.8, abs=0.03)  # the 90% score quantile: 10% handed over
+    assert sim.state.handover_base == 0.5 and sim.state.handover_set == path[-1]
+    moved = [d for d in sim.decisions if HANDOVER_KNOB in d.values]
+    first = moved[0]
+    assert first.action == "change" and first.change is None  # nothing moved between the tiers: nothing to watch
+    assert "hand-over share" in first.reason and "over budget 0.100" in first.reason
+    assert first.inputs["handover_share"] == pytest.approx(0.2, abs=0.03) and first.inputs["handover_budget"] == 0.1
+    assert first.inputs["handovers"] > 0 and first.inputs["answers"] >= first.inputs["handovers"]
+    assert sim.th.updated_by == "feedback" and sim.th.inputs["handover_budget"] == 0.1
+    w = sim.agg.window(sim.now_ms)
+    assert handover_share(w.oos, sim.th.handover_above) <= 0.1 + ControllerConfig().deadband
+
+
+def test_under_budget_after_a_raise_lowers_back_to_the_base_and_not_below() -> None:
+    sim = _handover_sim(0.2)
+    _handover_steps(sim, 12)
+    assert sim.th.handover_above > 0.75
+    sim.out_of_scope = 0.03  # the off-topic spell is over: the desk could take more than it gets
+    path = _handover_steps(sim, 15)
+    assert path[-1] == 0.5 and min(path) == 0.5  # back to the operator's (the default) value, never below
+    assert all(b <= a for a, b in pairwise(path))
+    assert sim.state.handover_base is None and sim.state.handover_set is None  # no longer held raised
+    lowered = [d for d in sim.decisions[-15:] if HANDOVER_KNOB in d.values]
+    assert lowered and "under budget" in lowered[-1].reason and "(its base)" in lowered[-1].reason
+    versions = sim.th.version
+    _handover_steps(sim, 5)
+    assert sim.th.handover_above == 0.5 and sim.th.version == versions  # under budget at its base: no move
+
+
+def test_lowering_stops_where_the_budget_would_break() -> None:
+    sim = _handover_sim(0.3)
+    _handover_steps(sim, 14)
+    high = sim.th.handover_above
+    assert high > 0.85
+    sim.out_of_scope = 0.15  # fewer, but still more than the budget at the base
+    path = _handover_steps(sim, 15)
+    assert 0.6 < path[-1] < high  # lowered toward the 90% quantile (~0.73), not to the base 0.5
+    w = sim.agg.window(sim.now_ms)
+    assert handover_share(w.oos, path[-1]) <= 0.1 + ControllerConfig().deadband
+    assert sim.state.handover_base == 0.5
+
+
+def test_an_operators_value_becomes_the_base() -> None:
+    sim = _handover_sim(0.2)
+    _handover_steps(sim, 3)
+    assert sim.state.handover_base == 0.5 and sim.th.handover_above == pytest.approx(0.65)
+    sim.th = sim.th.changed("cli:ops", "the desk is short-staffed", handover_above=0.7)
+    sim.out_of_scope = 0.0
+    path = _handover_steps(sim, 10)
+    # the window still holds the off-topic spell for a while (over budget even at 0.7: raised from there); then
+    # under budget, it comes back to what the operator set, not to the 0.5 from before
+    assert min(path) == 0.7 and path[-3:] == [0.7] * 3
+    assert sim.state.handover_base is None
+
+
+def test_pinned_handover_above_holds() -> None:
+    sim = _handover_sim(0.3, pinned=(HANDOVER_KNOB,))
+    path = _handover_steps(sim, 6)
+    assert path == [0.5] * 6 and all(HANDOVER_KNOB not in d.values for d in sim.decisions)
+    assert sim.decisions[-1].inputs["handover_share"] > 0.25  # seen and written down, not acted on
+
+
+def test_too_few_scores_hold_handover_above() -> None:
+    sim = _handover_sim(0.5)
+    sim.cfg = ControllerConfig(min_results=50, min_oos_scores=200, shed_cooldown_s=10, observe_s=20)
+    sim.agg = Aggregator(AggConfig(window_ms=2 * STEP_MS, hop_ms=STEP_MS))  # the last step: its 100 answers
+    for _ in range(4):
+        sim.step(100, math.log(30), 6, 2)
+    assert sim.th.handover_above == 0.5
+    assert all(HANDOVER_KNOB not in d.values for d in sim.decisions)
+    assert "out-of-scope scores (< 200): handover_above kept" in sim.decisions[-1].reason
+
+
+def test_a_handover_move_rides_a_heavy_change_and_survives_its_rollback() -> None:
+    sim = Sim(out_of_scope=0.3)
+    sim.step(1500, *drift(100, 100))  # longer, less sure requests: far over the heavy budget, both move
+    d = sim.decisions[-1]
+    assert d.action == "change" and d.change is not None and HANDOVER_KNOB in d.values
+    assert "escalate_below" in d.values and HANDOVER_KNOB not in d.change.values_before
+    pending = sim.state.pending
+    assert pending is not None
+    bad = AfterChange(pending.version, results=4000, labeled=3000, accuracy=0.3, heavy=100, heavy_p95_ms=300.0)
+    w = sim.agg.window(sim.now_ms)
+    rb = decide(w, sim.th, sim.state, sim.now_ms / 1000, bad, sim.cfg)
+    assert rb.action == "rollback" and HANDOVER_KNOB not in rb.values
+    assert rb.state.handover_base == 0.5 and rb.state.handover_set == sim.th.handover_above
+
+
+def test_a_handover_move_alone_keeps_the_change_under_watch() -> None:
+    th = Thresholds(version=6, pinned=("length_threshold", "escalate_below"))  # a hold for the heavy share
+    state = ControllerState(pending=replace(_change(5), version=6))
+    sim = _handover_sim(0.3)
+    sim.control = False
+    sim.step(3000, math.log(30), 6, 2)
+    w = sim.agg.window(sim.now_ms)
+    fine = AfterChange(6, results=500, labeled=400, accuracy=0.9, heavy=100, heavy_p95_ms=300.0)
+    d = decide(w, th, state, 101.0, fine)
+    assert HANDOVER_KNOB in d.values
+    assert applied(d, 7).pending == state.pending  # still the escalate_below change, still watched
 
 
 # --------------------------------------------------------------------------- the design article's score

@@ -109,6 +109,59 @@ def test_window_counts_per_tier() -> None:
     assert w.models["light/light-m"].results == 9
 
 
+
+def oos(r: dict[str, Any], score: float, *, abstained: bool = False, handover: str | None = None) -> dict[str, Any]:
+    """`r` with the out-of-scope fields of issue 20 (a final stage that abstained hands over: `handover` why)."""
+    r = {**r, "oos_score": score, "abstained": abstained}
+    if handover is not None:
+        r.update(handover=True, handover_reason=handover)
+    return r
+
+
+def test_window_counts_abstentions_and_hand_overs_per_tier() -> None:
+    a = Aggregator(AggConfig(window_ms=10_000, hop_ms=1_000))
+    for i in range(5):  # in scope, answered by light
+        a.add_result(oos(rec(f"l{i}"), 0.1), NOW)
+    for i in range(3):  # light abstained: escalated; heavy answered two, handed one over
+        a.add_result(oos(rec(f"a{i}", final=False), 0.9, abstained=True), NOW)
+    a.add_result(oos(rec("a0", "heavy", escalated=True), 0.2), NOW)
+    a.add_result(oos(rec("a1", "heavy", escalated=True), 0.3), NOW)
+    a.add_result(oos(rec("a2", "heavy", escalated=True), 0.95, abstained=True, handover="out_of_scope"), NOW)
+    a.add_result(oos(rec("d0", degraded=True), 0.8, abstained=True, handover="out_of_scope"), NOW)  # last stage
+    a.add_result(oos(rec("m0", "multimodal"), 0.7, abstained=True, handover="unreadable"), NOW)
+    a.add_result(oos(rec("s0", "heavy", final=False, shadow=True), 0.99, abstained=True), NOW)  # answers nobody
+    a.add_result(rec("old"), NOW)  # an older worker's record: score 0, no hand-over
+    w = a.window(NOW)
+    light, heavy, mm = w.tiers["light"], w.tiers["heavy"], w.tiers["multimodal"]
+    assert (light.abstained, heavy.abstained, mm.abstained) == (4, 1, 1)
+    assert light.abstention_rate == pytest.approx(4 / 10)  # of light's 10 stage results
+    assert (light.handovers, heavy.handovers, mm.handovers) == (1, 1, 1)
+    assert light.handover_reasons == {"out_of_scope": 1} and mm.handover_reasons == {"unreadable": 1}
+    assert w.finals == 11 and w.handovers == 3 and w.handover_share == pytest.approx(3 / 11)
+    # the scores the hand-over threshold was compared with: finals only, shadows and escalated stages apart
+    assert w.oos.count == 11 and w.oos.cdf(0.5) == pytest.approx(8 / 11, abs=1e-9)
+    # the light abstentions escalated whatever escalate_below was: they sit below any threshold
+    assert w.confidence.count == 9 and w.confidence.cdf(0.01) == pytest.approx(3 / 9)
+
+
+def test_hand_over_counts_survive_a_snapshot_and_old_snapshots_load() -> None:
+    a = Aggregator()
+    a.add_result(oos(rec("h", "heavy"), 0.9, abstained=True, handover="out_of_scope"), NOW)
+    a.add_result(oos(rec("l"), 0.1), NOW)
+    snap = orjson.loads(orjson.dumps(a.to_json()))
+    b = Aggregator.from_json(snap)
+    w = b.window(NOW)
+    assert w.handovers == 1 and w.tiers["heavy"].handover_reasons == {"out_of_scope": 1} and w.oos.count == 2
+    b.merge(Aggregator.from_json(snap))
+    assert b.window(NOW).tiers["heavy"].handover_reasons == {"out_of_scope": 2}
+    for bucket in snap["buckets"]:  # a snapshot from before issue 20
+        del bucket["oos"]
+        for t in bucket["tiers"].values():
+            for k in ("handovers", "abstained", "handover_reasons"):
+                t.pop(k, None)
+    old = Aggregator.from_json(snap).window(NOW)
+    assert old.finals == 2 and old.handovers == 0 and old.oos.count == 0
+
 def test_window_hops_and_expires() -> None:
     a = Aggregator(AggConfig(window_ms=10_000, hop_ms=2_000))
     a.add_result(rec("old", at=NOW - 7_000), NOW)
