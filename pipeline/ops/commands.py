@@ -307,7 +307,8 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
         for doc in store.history(args.last):
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.updated_at)) if doc.updated_at else "-"
             print(f"v{doc.version:<4} {when}  {doc.updated_by:<18} len={doc.length_threshold:<5} "
-                  f"esc={doc.escalate_below:<6.3f} {doc.reason}")
+                  f"esc={doc.escalate_below:<6.3f} abst={doc.abstain_above:<6.3f} hand={doc.handover_above:<6.3f} "
+                  f"{doc.reason}")
     elif args.action == "rollback":
         doc = store.rollback(args.version, who)
         print(f"v{doc.version}: rolled back to the values of v{args.version}")

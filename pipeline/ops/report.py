@@ -121,7 +121,12 @@ def read_run(settings: Settings, minutes: float | None = None) -> RunData:
 # --------------------------------------------------------------------------- summary
 @dataclass(frozen=True)
 class TierStats:
-    """Final answers of one tier: count, end-to-end latency percentiles (ms), accuracy where labelled."""
+    """Final answers of one tier: count, end-to-end latency percentiles (ms), accuracy where labelled.
+
+    Accuracy is of the answers a model gave: a hand-over (a holding message, then a person answers) is neither right
+    nor wrong, so it is not in `labelled`; `handed_over` counts those with a label, `handed_over_matched` those of
+    them whose nearest intent (what the model would have answered) was the label's.
+    """
 
     answers: int
     p50_ms: float
@@ -129,6 +134,8 @@ class TierStats:
     p99_ms: float
     labelled: int = 0
     correct: int = 0
+    handed_over: int = 0
+    handed_over_matched: int = 0
 
     @property
     def accuracy(self) -> float | None:
@@ -151,6 +158,17 @@ class Summary:
     first_ms: int | None = None
     last_ms: int | None = None
     heavy_budget: float | None = None
+    handovers: dict[str, dict[str, int]] = field(default_factory=dict)  # tier -> reason -> final answers handed over
+    abstained: dict[str, int] = field(default_factory=dict)  # tier -> stage results over its out-of-scope threshold
+    handover_budget: float | None = None
+
+    @property
+    def handover_total(self) -> int:
+        return sum(n for reasons in self.handovers.values() for n in reasons.values())
+
+    @property
+    def handover_share(self) -> float:
+        return self.handover_total / self.answers if self.answers else 0.0
 
     @property
     def heavy_share(self) -> float:
@@ -194,9 +212,27 @@ class Summary:
         lines.append(f"heavy share {self.heavy_share:.1%}{budget}{over}")
         lines.append(f"escalated   {self.escalated} ({self.escalation_rate:.1%} of answers)")
         lines.append(f"degraded    {self.degraded}")
+        lines.extend(self._out_of_scope())
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.dlq.items(), key=lambda kv: (-kv[1], kv[0])))
         lines.append(f"dead letters {self.dlq_total}" + (f" ({kinds})" if kinds else ""))
         return "\n".join(lines) + "\n"
+
+    def _out_of_scope(self) -> list[str]:
+        """Abstentions per tier, hand-overs per tier and reason, and how accuracy counts the hand-overs."""
+        order = [*_TIERS, *sorted((set(self.abstained) | set(self.handovers)) - set(_TIERS))]
+        abst = ", ".join(f"{t} {self.abstained[t]}" for t in order if self.abstained.get(t))
+        lines = [f"abstained   {sum(self.abstained.values())}" + (f" ({abst})" if abst else "")]
+        budget = f"; budget {self.handover_budget:.1%}" if self.handover_budget is not None else ""
+        over = "  OVER BUDGET" if self.handover_budget is not None and self.handover_share > self.handover_budget \
+            else ""
+        per = ", ".join(f"{t} {why} {n}" for t in order for why, n in sorted(self.handovers.get(t, {}).items()))
+        lines.append(f"handed over {self.handover_total} ({self.handover_share:.1%} of answers{budget}){over}"
+                     + (f": {per}" if per else ""))
+        o = self.overall
+        if self.handover_total:
+            lines.append(f"            not in accuracy (a person answers them): {o.handed_over} labelled, the "
+                         f"model's nearest intent was the label in {o.handed_over_matched}")
+        return lines
 
     def _row(self, name: str, st: TierStats) -> str:
         share = st.answers / self.answers if self.answers else 0.0
@@ -247,23 +283,48 @@ def label_of(r: Result, labels: Mapping[str, str]) -> str | None:
 def _tier_stats(rows: Sequence[Result], labels: Mapping[str, str]) -> TierStats:
     lat = np.array([total_ms(r) for r in rows], dtype=float)
     p50, p95, p99 = (float(x) for x in np.percentile(lat, [50, 95, 99])) if len(lat) else (0.0, 0.0, 0.0)
-    labelled = correct = 0
+    labelled = correct = handed = matched = 0
     for r in rows:
         lab = label_of(r, labels)
-        if lab is not None:
+        if lab is None:
+            continue
+        right = int(r.get("intent") == lab)
+        if r.get("handover"):  # a person answers: not the model's answer, right or wrong
+            handed += 1
+            matched += right
+        else:
             labelled += 1
-            correct += int(r.get("intent") == lab)
-    return TierStats(len(rows), p50, p95, p99, labelled, correct)
+            correct += right
+    return TierStats(len(rows), p50, p95, p99, labelled, correct, handed, matched)
+
+
+def _abstained(results: Sequence[Result]) -> dict[str, int]:
+    """Per tier, its stage results (not shadows) that abstained: once per request and stage."""
+    seen: set[tuple[str, str]] = set()
+    out: Counter[str] = Counter()
+    for r in results:
+        if not r.get("abstained") or r.get("shadow"):
+            continue
+        key = (str(r.get("request_id")), str(r.get("stage") or r.get("tier")))
+        if key not in seen:
+            seen.add(key)
+            out[key[1]] += 1
+    return dict(out)
 
 
 def summarize(results: list[Result], labels: dict[str, str], dlq: Sequence[str] = (),
-              heavy_budget: float | None = None) -> Summary:
+              heavy_budget: float | None = None, handover_budget: float | None = None) -> Summary:
     """The run's numbers from result records (schemas/result.v1.json), labels by request id and the
     dead letters' error kinds."""
     finals, repeats = final_answers(results)
     by_tier: dict[str, list[Result]] = defaultdict(list)
+    handovers: dict[str, dict[str, int]] = defaultdict(dict)
     for r in finals:
-        by_tier[str(r.get("tier"))].append(r)
+        tier = str(r.get("tier"))
+        by_tier[tier].append(r)
+        if r.get("handover"):
+            why = str(r.get("handover_reason") or "unknown")
+            handovers[tier][why] = handovers[tier].get(why, 0) + 1
     return Summary(
         results=len(results),
         answers=len(finals),
@@ -277,6 +338,9 @@ def summarize(results: list[Result], labels: dict[str, str], dlq: Sequence[str] 
         first_ms=answer_ms(finals[0]) if finals else None,
         last_ms=answer_ms(finals[-1]) if finals else None,
         heavy_budget=heavy_budget,
+        handovers=dict(handovers),
+        abstained=_abstained(results),
+        handover_budget=handover_budget,
     )
 
 
@@ -441,26 +505,31 @@ def _plot_accuracy(ax: Axes, finals: Sequence[Result], labels: Mapping[str, str]
 def _plot_escalation(ax: Axes, finals: Sequence[Result], dlq_times: Sequence[int]) -> None:
     start, end = answer_ms(finals[0]), answer_ms(finals[-1])
     width, n = _windows(start, end, target=40)
-    answered, esc, deg = np.zeros(n), np.zeros(n), np.zeros(n)
+    answered, esc, deg, handed = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     for r in finals:
         i = _bin_index(answer_ms(r), start, width, n)
         answered[i] += 1
         esc[i] += bool(r.get("escalated"))
         deg[i] += bool(r.get("degraded"))
+        handed[i] += bool(r.get("handover"))
     _, div, unit = _elapsed(finals)
     x = (np.arange(n) * width + width / 2) / div
     with np.errstate(invalid="ignore", divide="ignore"):
         esc_pct = np.where(answered > 0, esc / answered * 100, np.nan)
         deg_pct = np.where(answered > 0, deg / answered * 100, np.nan)
+        handed_pct = np.where(answered > 0, handed / answered * 100, np.nan)
     ax.plot(x, esc_pct, color="tab:orange", marker="o", markersize=3, linewidth=1.8,
             label=f"escalated light -> heavy ({int(esc.sum())})")
     ax.plot(x, deg_pct, color="tab:purple", marker="s", markersize=3, linewidth=1.8,
             label=f"degraded heavy -> light ({int(deg.sum())})")
-    ax.set_ylim(0, max(5.0, float(np.nanmax(np.concatenate([esc_pct, deg_pct, [0.0]]))) * 1.15))
+    if handed.any():
+        ax.plot(x, handed_pct, color="tab:brown", marker="^", markersize=3, linewidth=1.8,
+                label=f"handed over to a person ({int(handed.sum())})")
+    ax.set_ylim(0, max(5.0, float(np.nanmax(np.concatenate([esc_pct, deg_pct, handed_pct, [0.0]]))) * 1.15))
     ax.set_xlabel(f"time since first answer ({unit})")
     ax.set_ylabel(f"% of answers ({width:g} s windows)")
     ax.set_xlim(0, n * width / div)
-    ax.set_title("Escalation and degradation over time")
+    ax.set_title("Escalation, degradation and hand-overs over time")
     ax.grid(True, alpha=0.3)
     artists, names = ax.get_legend_handles_labels()
     handles: list[Any] = list(artists)
@@ -479,8 +548,8 @@ def _plot_escalation(ax: Axes, finals: Sequence[Result], dlq_times: Sequence[int
 
 
 # --------------------------------------------------------------------------- command
-def _heavy_budget(settings: Settings) -> float | None:
-    """The current heavy budget from Redis, best effort: a report needs only Kafka."""
+def _budgets(settings: Settings) -> tuple[float | None, float | None]:
+    """The current heavy and hand-over budgets from Redis, best effort: a report needs only Kafka."""
     import redis
 
     from pipeline.adapters.threshold_store import ThresholdStore
@@ -491,16 +560,20 @@ def _heavy_budget(settings: Settings) -> float | None:
         check_reachable(settings.redis.address, "Redis", timeout=1.0)
         r = make_redis(settings)
         raw = r.get(ThresholdStore(r, settings.redis.prefix).key)
-        return Thresholds.model_validate_json(raw).heavy_budget if raw else None
+        if not raw:
+            return None, None
+        th = Thresholds.model_validate_json(raw)
+        return th.heavy_budget, th.handover_budget
     except (ServiceUnavailable, redis.RedisError, OSError, ValueError):
-        return None
+        return None, None
 
 
 def main(settings: Settings, out_dir: Path, minutes: float | None) -> int:
     """`tierflow report`: write report.png and report.txt under `out_dir`; print the summary."""
     check_reachable(settings.kafka.servers, "Kafka")
     data = read_run(settings, minutes)
-    summary = summarize(data.results, data.labels, [k for _, k in data.dlq], _heavy_budget(settings))
+    heavy_budget, handover_budget = _budgets(settings)
+    summary = summarize(data.results, data.labels, [k for _, k in data.dlq], heavy_budget, handover_budget)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = write_figure(summary, data.results, data.labels, out_dir / "report.png", [t for t, _ in data.dlq])
     txt = out_dir / "report.txt"

@@ -1,7 +1,8 @@
 """`tierflow status`: a live terminal view of a running pipeline, from Kafka and Redis alone.
 
 Sources, all read-only (status never writes to Redis nor commits offsets):
-- `tierflow.results`, tailed: answers/s, p95 latency, escalated / degraded rates, heavy share;
+- `tierflow.results`, tailed: answers/s, p95 latency, escalated / degraded rates, heavy share, abstentions and
+  hand-overs to a person;
 - `tierflow.dlq`, tailed: the last dead letters and their reasons (headers);
 - worker heartbeats in Redis: live workers, lag and each worker's own p95 per tier;
 - the thresholds document in Redis: version and key values.
@@ -53,8 +54,8 @@ DLQ_BACKLOG = 20
 LAST_DLQ = 6
 
 _TIERS = [t.value for t in Tier]
-_THRESHOLD_KEYS = ("length_threshold", "escalate_below", "shadow_rate", "heavy_budget", "light_slo_p95_ms",
-                   "heavy_slo_p95_ms", "degrade_lag")
+_THRESHOLD_KEYS = ("length_threshold", "escalate_below", "shadow_rate", "heavy_budget", "abstain_above",
+                   "handover_above", "handover_budget", "light_slo_p95_ms", "heavy_slo_p95_ms", "degrade_lag")
 
 # librdkafka logs straight to stderr by default, which would tear through the live display; the
 # errors that matter also arrive as error events from consume(), and those are shown in the frame.
@@ -140,6 +141,8 @@ class TierView:
     escalated: int
     degraded: int
     last_answer_s: float | None  # seconds since this tier's latest answer seen
+    abstained: int = 0  # results of this stage over its out-of-scope threshold (light: escalated them)
+    handovers: int = 0  # final answers handed over to a person (the customer got a holding message)
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,15 @@ class Frame:
         heavy = next((t for t in self.tiers if t.tier == Tier.HEAVY.value), None)
         return heavy.answers / self.answers if heavy is not None and self.answers else None
 
+    @property
+    def handovers(self) -> int:
+        return sum(t.handovers for t in self.tiers)
+
+    @property
+    def handover_share(self) -> float | None:
+        """Share of all final answers handed over to a person (what `handover_budget` caps)."""
+        return self.handovers / self.answers if self.answers else None
+
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
@@ -184,6 +196,7 @@ class _Answer:
     total_ms: float
     escalated: bool
     degraded: bool
+    handover: bool
 
 
 def _p95(values: list[float]) -> float | None:
@@ -203,6 +216,7 @@ class Status:
         self.dlq = TopicTail(settings, t.dlq, DLQ_BACKLOG)
         self.r = make_redis(settings)
         self._answers: deque[_Answer] = deque()
+        self._abstained: deque[tuple[int, str]] = deque()  # (at ms, tier) of abstaining stage results
         self._last_answer: dict[str, int] = {}
         self._dlq_times: deque[int] = deque()
         self._dead: deque[DeadLetter] = deque(maxlen=LAST_DLQ)
@@ -233,14 +247,18 @@ class Status:
 
     def _add_result(self, m: Message) -> None:
         r = result_of(m.value())
-        if r is None or not r.get("final") or r.get("shadow"):
+        if r is None or r.get("shadow"):
             return
         at = int(r.get("answered_at") or m.timestamp()[1])
         tier = str(r.get("tier"))
+        if r.get("abstained"):  # a light abstention is not final (it escalated): counted before the finals' filter
+            self._abstained.append((at, tier))
+        if not r.get("final"):
+            return
         timings = r.get("timings_ms")
         total = float(timings.get("total", 0.0) if timings else 0.0)
         self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")),
-                                     bool(r.get("degraded"))))
+                                     bool(r.get("degraded")), bool(r.get("handover"))))
         self._last_answer[tier] = max(at, self._last_answer.get(tier, 0))
 
     def _add_dead(self, m: Message) -> None:
@@ -262,6 +280,8 @@ class Status:
         start_ms, window = self._window(now_ms)
         while self._answers and self._answers[0].at_ms < start_ms:
             self._answers.popleft()
+        while self._abstained and self._abstained[0][0] < start_ms:
+            self._abstained.popleft()
         while self._dlq_times and self._dlq_times[0] < now_ms - int(self.window_s * 1000):
             self._dlq_times.popleft()
         notes = [f"topic {tail.topic} does not exist: is the pipeline up? (tierflow topics create)"
@@ -307,6 +327,8 @@ class Status:
             escalated=sum(a.escalated for a in mine),
             degraded=sum(a.degraded for a in mine),
             last_answer_s=(now_ms - last) / 1000.0 if last else None,
+            abstained=sum(1 for at, t in self._abstained if t == tier and at >= start_ms),
+            handovers=sum(a.handover for a in mine),
         )
 
 
@@ -342,6 +364,12 @@ def _workers(t: TierView, narrow: bool) -> Text:
     return Text(f"{t.ready if narrow and joining else t.workers}{extra}", style="" if t.ready else "red")
 
 
+def _handed_over(t: TierView, narrow: bool) -> Text:
+    """Hand-overs of a tier: the count, and in the wide table its share of the tier's answers."""
+    share = f" ({t.handovers / t.answers:.0%})" if not narrow and t.answers and t.handovers else ""
+    return Text(f"{t.handovers}{share}", style="yellow" if t.handovers else "")
+
+
 def render(frame: Frame, width: int | None = None) -> RenderableType:
     """The frame as rich renderables: header, tier table, shares and rates, thresholds, dead letters.
 
@@ -354,10 +382,11 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
                            f"  window {frame.window_s:.0f}s  ", (frame.source, "dim"))
     table = Table(box=box.SIMPLE_HEAD, expand=False, header_style="bold", pad_edge=False)
     columns = ((("tier", "left"), ("workers", "right"), ("ans/s", "right"), ("p95 ms", "right"), ("lag", "right"),
-                ("esc", "right"), ("deg", "right"), ("last", "right")) if narrow else
+                ("esc", "right"), ("deg", "right"), ("abst", "right"), ("h/o", "right"), ("last", "right"))
+               if narrow else
                (("tier", "left"), ("workers", "right"), ("answers/s", "right"), ("p95 ms", "right"),
                 ("worker p95", "right"), ("lag", "right"), ("escalated", "right"), ("degraded", "right"),
-                ("last answer", "right"), ("model", "left")))
+                ("abstained", "right"), ("handed over", "right"), ("last answer", "right"), ("model", "left")))
     for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for t in frame.tiers:
@@ -368,6 +397,7 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
             *([] if narrow else [_num(t.worker_p95_ms)]),
             _num(t.lag, "{:d}"), str(t.escalated),
             Text(str(t.degraded), style="yellow" if t.degraded else ""),
+            str(t.abstained), _handed_over(t, narrow),
             _ago(t.last_answer_s).removesuffix(" ago") if narrow else _ago(t.last_answer_s),
             *([] if narrow else [Text(t.models or "-", style="dim")]),
         ]
@@ -378,7 +408,8 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
         _num(max((t.p95_ms for t in frame.tiers if t.p95_ms is not None), default=None)),
         *([] if narrow else [""]),
         _num(sum(t.lag or 0 for t in frame.tiers), "{:d}") if known else "?",
-        str(sum(t.escalated for t in frame.tiers)), str(sum(t.degraded for t in frame.tiers)), "",
+        str(sum(t.escalated for t in frame.tiers)), str(sum(t.degraded for t in frame.tiers)),
+        str(sum(t.abstained for t in frame.tiers)), str(frame.handovers), "",
         *([] if narrow else [""]),
     ]
     table.add_row(*total, style="bold")
@@ -399,6 +430,14 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
         f" ({deg / frame.window_s:.1f}/s)",
         "   dead letters ", (f"{frame.dlq_rate:.1f}/s", "yellow" if frame.dlq_rate else ""),
     )
+    ho, ho_budget = frame.handover_share, th.handover_budget if th else None
+    ho_over = ho is not None and ho_budget is not None and ho > ho_budget
+    handed = Text.assemble(
+        "handed over ", (f"{ho:.1%}" if ho is not None else "-", "bold red" if ho_over else "bold"),
+        f" ({frame.handovers} answers" + (f"; budget {ho_budget:.0%})" if ho_budget is not None else ")"),
+        "   abstained ", str(sum(t.abstained for t in frame.tiers)),
+        f" ({sum(t.abstained for t in frame.tiers) / frame.window_s:.1f}/s)",
+    )
     if th is not None:
         values = "  ".join(f"{k}={getattr(th, k):g}" for k in _THRESHOLD_KEYS)
         pins = f"  pinned: {', '.join(th.pinned)}" if th.pinned else ""
@@ -406,7 +445,7 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
                             f" by {th.updated_by} ({th.reason})", pins, "\n  ", values)
     else:
         thr = Text("thresholds: -", style="dim")
-    parts: list[RenderableType] = [header, table, *([models] if models is not None else []), shares, thr]
+    parts: list[RenderableType] = [header, table, *([models] if models is not None else []), shares, handed, thr]
     if frame.dead_letters:
         dl = Table(box=box.SIMPLE_HEAD, title="last dead letters", title_justify="left", title_style="bold",
                    header_style="bold", show_edge=False, pad_edge=False)

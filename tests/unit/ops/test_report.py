@@ -104,6 +104,49 @@ def test_summary_text_reads_well() -> None:
     assert max(len(line) for line in lines) <= 100
 
 
+def test_abstentions_and_hand_overs_per_tier_and_apart_from_accuracy(tmp_path: Path) -> None:
+    def oos(r: dict[str, Any], *, handover: str | None = None) -> dict[str, Any]:
+        r = {**r, "oos_score": 0.9, "abstained": True}
+        if handover is not None:
+            r.update(handover=True, handover_reason=handover, answer="A colleague will get back to you shortly.")
+        return r
+
+    results = [
+        result("a", "light", 10, T0, label="x", intent="x"),
+        result("b", "light", 10, T0 + 100, label="x", intent="y"),
+        oos(result("c", "light", 3, T0 + 150, final=False)),  # light abstained: escalated
+        oos(result("c", "heavy", 400, T0 + 200, escalated=True, label="x", intent="x"), handover="out_of_scope"),
+        oos(result("d", "light", 3, T0 + 250, final=False)),
+        oos(result("d", "heavy", 400, T0 + 300, escalated=True, label="x", intent="z"), handover="out_of_scope"),
+        oos(result("e", "multimodal", 900, T0 + 400), handover="unreadable"),
+        oos(result("d", "light", 3, T0 + 250, final=False)),  # a repeat of d's light stage: counted once
+        oos(result("s", "heavy", 50, T0 + 500, final=False, shadow=True)),  # a shadow answers nobody
+        result("f", "heavy", 300, T0 + 600, label="x", intent="x"),
+    ]
+    s = summarize(results, {}, handover_budget=0.1)
+    assert s.abstained == {"light": 2, "heavy": 2, "multimodal": 1}
+    assert s.handovers == {"heavy": {"out_of_scope": 2}, "multimodal": {"unreadable": 1}}
+    assert s.handover_total == 3 and s.handover_share == pytest.approx(3 / 6)
+    # accuracy is of the answers the models gave: the two labelled hand-overs are neither right nor wrong
+    heavy = s.tiers["heavy"]
+    assert heavy.answers == 3 and (heavy.labelled, heavy.correct, heavy.accuracy) == (1, 1, 1.0)
+    assert (heavy.handed_over, heavy.handed_over_matched) == (2, 1)
+    assert (s.overall.labelled, s.overall.correct, s.overall.handed_over) == (3, 2, 2)
+    text = s.text()
+    assert "abstained   5 (light 2, heavy 2, multimodal 1)" in text
+    assert ("handed over 3 (50.0% of answers; budget 10.0%)  OVER BUDGET: heavy out_of_scope 2, multimodal "
+            "unreadable 1") in text
+    assert "not in accuracy (a person answers them): 2 labelled, the model's nearest intent was the label in 1" in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert write_figure(s, results, {}, tmp_path / "handed.png").stat().st_size > 20_000  # with their own line
+
+
+def test_records_from_before_hand_overs_count_none() -> None:
+    s = summarize(synthetic_run(300, 10), {})
+    assert s.abstained == {} and s.handovers == {} and s.handover_share == 0.0
+    assert "handed over 0 (0.0% of answers)" in s.text() and "not in accuracy" not in s.text()
+
+
 def test_empty_run() -> None:
     s = summarize([], {})
     assert s.answers == 0 and s.heavy_share == 0.0 and s.escalation_rate == 0.0 and s.overall.accuracy is None

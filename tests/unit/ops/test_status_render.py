@@ -26,14 +26,14 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def frame(redis_up: bool = True) -> Frame:
     def view(tier: str, workers: int, ready: int, models: str, answers: int, p95: float, lag: int, esc: int,
-             deg: int) -> TierView:
+             deg: int, abst: int, handed: int) -> TierView:
         return TierView(tier, workers if redis_up else None, ready if redis_up else None,
                         models if redis_up else "", answers, answers / 10.0, p95,
-                        p95 * 0.9 if redis_up else None, lag if redis_up else None, esc, deg, 0.4)
+                        p95 * 0.9 if redis_up else None, lag if redis_up else None, esc, deg, 0.4, abst, handed)
 
-    tiers = [view("light", 2, 2, "charngram@cpu", 1234, 38.0, 12, 151, 0),
-             view("heavy", 3, 2, "minilm+smollm2@cuda", 412, 3480.0, 2210, 0, 37),
-             view("multimodal", 1, 1, "ocr+charngram@cpu", 25, 212.0, 0, 3, 0)]
+    tiers = [view("light", 2, 2, "charngram@cpu", 1234, 38.0, 12, 151, 0, 42, 0),
+             view("heavy", 3, 2, "minilm+smollm2@cuda", 412, 3480.0, 2210, 0, 37, 17, 17),
+             view("multimodal", 1, 1, "ocr+charngram@cpu", 25, 212.0, 0, 3, 0, 1, 1)]
     notes = [] if redis_up else ["Redis unreachable at redis://10.0.0.5:6379/0: worker counts, lag and thresholds "
                                  "unknown (Error 111 connecting to 10.0.0.5:6379. Connection refused.)"]
     return Frame(at=AT, window_s=10.0, tiers=tiers, thresholds=Thresholds() if redis_up else None, dlq_rate=0.3,
@@ -70,6 +70,12 @@ def test_status_fits_80_columns_without_cutting_a_value(redis_up: bool) -> None:
     assert "…" not in text, "a column was cut"
     for value in ("light", "heavy", "multimodal", "123.4", "3480", "2210" if redis_up else "?"):
         assert value in text, value
+    # abstentions and hand-overs per tier, the hand-over share of all answers (and its budget when known)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith(" ") and line.strip()}
+    assert rows["heavy"][-3:-1] == ["17", "17"] and rows["all"][-2:] == ["60", "18"]
+    assert "handed over 1.1% (18 answers" in text and ("budget 10%" in text) == redis_up
+    if redis_up:
+        assert "handover_above=0.5" in text and "handover_budget=0.1" in text and "abstain_above=0.5" in text
     check(f"status_80_{'healthy' if redis_up else 'redis_down'}.txt", text)
 
 
@@ -83,4 +89,5 @@ def test_with_redis_down_the_worker_counts_are_unknown_not_zero() -> None:
 def test_a_wide_terminal_keeps_the_full_table() -> None:
     text = shown(frame(), 160)
     assert "worker p95" in text and "minilm+smollm2@cuda" in text and "(1 joining)" in text
+    assert "handed over" in text and "17 (4%)" in text  # heavy: 17 of its 412 answers
     assert max(len(line) for line in text.splitlines()) <= 160 and "…" not in text
