@@ -35,6 +35,7 @@ class Prediction:
     also: str | None = None  # a second intent the message seems to raise too (the writer answers both)
     fallback: str | None = None  # why a writer's reply was not sent and the template was (None: no writer, or sent)
     oos: float = 0.0  # out-of-scope score, 0..1: how likely the message is none of the known intents' business
+    small_talk: bool = False  # chit-chat is the model's top label: answered where it is, never escalated
 
 
 @runtime_checkable

@@ -371,7 +371,8 @@ class Worker:
                        force=d.get("replay_force", False), degraded=d["degraded"],
                        escalated=d.get("escalated_from") is not None,
                        fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=pred.oos,
-                       abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER))
+                       abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER),
+                       small_talk=pred.small_talk)
         escalate = fate.escalate
         produced = _now_ms()
         if escalate:

@@ -46,7 +46,7 @@ def abstains(oos_score: float, above: float) -> bool:
 def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: bool = False, replay: bool = False,
             force: bool = False, degraded: bool = False, escalated: bool = False,
             fresh: bool | None = None, oos_score: float = 0.0, abstain_above: float = NEVER,
-            handover_above: float = NEVER) -> Outcome:
+            handover_above: float = NEVER, small_talk: bool = False) -> Outcome:
     """The outcome for one prediction.
 
     - Only the light tier escalates, once (`escalated`: the record came from light already), never a shadow run
@@ -54,16 +54,18 @@ def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: boo
       `escalate_below` or, abstaining, with an out-of-scope score over `abstain_above`.
     - A stage that does not escalate is the last one: over `handover_above` it hands the request over (a light
       stage that cannot escalate, being degraded, too: a person answers better than a guess).
+    - Small talk (chit-chat is the model's top label) is answered where it is: a short polite reply is cheap, and
+      the heavy tier and the people are for the business's questions.
     - A shadow run writes its result only.
     - A replayed request that an earlier replay already answered (`fresh` False) is not answered again unless the
       operator forced it (`force`); `fresh` None: unknown (Redis unreachable), answered (at least once).
     """
-    can_escalate = tier is Tier.LIGHT and not shadow and not escalated and not degraded
+    can_escalate = tier is Tier.LIGHT and not shadow and not escalated and not degraded and not small_talk
     light_abstains = can_escalate and abstains(oos_score, abstain_above)
     escalate = can_escalate and (light_abstains or should_escalate(confidence, escalate_below))
     final = not escalate and not shadow
     answer = final and not (replay and not force and fresh is False)
-    last_abstains = not escalate and abstains(oos_score, handover_above)
+    last_abstains = not escalate and not small_talk and abstains(oos_score, handover_above)
     handover = answer and last_abstains
     key = (escalate, final, answer, replay, light_abstains or last_abstains, handover)
     o = _SEEN.get(key)

@@ -105,21 +105,26 @@ SECOND_INTENT_MIN = 0.15
 @dataclass(frozen=True, slots=True)
 class Scoped:
     """A batch's probabilities read for scope: per row the best known intent (never the out-of-scope class), its
-    probability, the runner-up's index and probability, and the out-of-scope score."""
+    probability, the runner-up's index and probability, the out-of-scope score, and whether it is small talk."""
 
     best: npt.NDArray[np.int64]
     confidence: FloatArray
     second: npt.NDArray[np.int64]
     second_p: FloatArray
     oos: FloatArray
+    small_talk: npt.NDArray[np.bool_]
 
 
 def scoped(probs: FloatArray, labels: Sequence[str]) -> Scoped:
     """The out-of-scope score of each row and its best known intents.
 
-    With an `oos` class (a pack trained with out-of-scope lines) the score is that class's probability; without
-    one it is 1 - the top probability (max-softmax: the baseline, much weaker: a confident wrong intent scores low).
-    A message whose top label is chit-chat scores 0: small talk is answered, never handed over.
+    The score is 1 - the probability of the best known intent. With an `oos` class (a pack trained with
+    out-of-scope lines) that class takes the mass of off-topic text; without one the score is max-softmax, the
+    baseline (a confident wrong intent scores low). Measured against the oos class's own probability and against
+    1 - the top two known intents' on the choosing half of bench.out_of_scope: the best recall at the same in-scope
+    accuracy (BENCHMARKS.md, "Knowing what it does not know").
+
+    A message whose top label is chit-chat is small talk: it scores 0 (answered, never handed over).
     """
     p = np.asarray(probs, dtype=np.float32)
     k = labels.index(OUT_OF_SCOPE) if OUT_OF_SCOPE in labels else -1
@@ -131,13 +136,11 @@ def scoped(probs: FloatArray, labels: Sequence[str]) -> Scoped:
     second = order[:, 1] if p.shape[1] > 1 else order[:, 0]
     rows = np.arange(len(p))
     confidence = p[rows, best]
-    oos = p[:, k].copy() if k >= 0 else (1.0 - p.max(axis=1)).astype(np.float32)
-    if CHITCHAT in labels:
-        c = labels.index(CHITCHAT)
-        oos[p.argmax(axis=1) == c] = 0.0
+    small_talk = p.argmax(axis=1) == labels.index(CHITCHAT) if CHITCHAT in labels else np.zeros(len(p), bool)
+    oos = np.where(small_talk, 0.0, 1.0 - confidence)
     second_p = np.where(second != best, p[rows, second], 0.0).astype(np.float32)
     return Scoped(best.astype(np.int64), confidence, second.astype(np.int64), second_p,
-                  np.clip(oos, 0.0, 1.0).astype(np.float32))
+                  np.clip(oos, 0.0, 1.0).astype(np.float32), small_talk)
 
 
 def to_predictions(
@@ -153,7 +156,7 @@ def to_predictions(
         also = labels[int(s.second[i])] if float(s.second_p[i]) >= SECOND_INTENT_MIN else None
         answer = about_order(answers.answer(intent, item.lang, item.text), item.text, item.lang)
         out.append(Prediction(intent=intent, confidence=conf, answer=answer, model=model, also=also,
-                              oos=float(s.oos[i])))
+                              oos=float(s.oos[i]), small_talk=bool(s.small_talk[i])))
     return out
 
 

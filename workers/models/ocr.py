@@ -264,7 +264,7 @@ class OcrFusion:
             if lines and self.quote_image_text:
                 answer = f"{answer} {image_note(lines, item.lang)}".strip()
             out.append(Prediction(p.intent, combine_confidence(p.confidence, lines), answer, self.name, also=p.also,
-                                  oos=p.oos))
+                                  oos=p.oos, small_talk=p.small_talk))
         return out
 
 

@@ -91,3 +91,11 @@ def test_shadows_and_answered_replays_never_hand_over() -> None:
     assert (again.answer, again.handover) == (False, False)
     first = outcome(Tier.HEAVY, 0.9, 0.5, replay=True, fresh=True, oos_score=0.9, handover_above=0.5)
     assert (first.answer, first.handover) == (True, True)
+
+
+def test_small_talk_is_answered_where_it_is() -> None:
+    """Chit-chat on top: light answers it however unsure, and no stage hands it over."""
+    light = outcome(Tier.LIGHT, 0.2, 0.5, oos_score=0.0, abstain_above=0.1, handover_above=0.1, small_talk=True)
+    assert (light.escalate, light.answer, light.handover, light.abstained) == (False, True, False, False)
+    heavy = outcome(Tier.HEAVY, 0.2, 0.5, escalated=True, oos_score=0.9, handover_above=0.1, small_talk=True)
+    assert (heavy.answer, heavy.handover) == (True, False)

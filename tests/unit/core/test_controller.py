@@ -492,7 +492,8 @@ def test_state_round_trips_through_json() -> None:
 # --------------------------------------------------------------------------- the hand-over budget
 def _handover_sim(out_of_scope: float, pinned: tuple[str, ...] = ()) -> Sim:
     """`out_of_scope` of the traffic out of scope; the heavy-share knobs pinned, so that only the hand-over moves."""
-    th = Thresholds(pinned=("length_threshold", "escalate_below", *pinned))
+    # hand over above 0.5 (the sim's in-scope scores stay under it), whatever the default operating point is
+    th = Thresholds(pinned=("length_threshold", "escalate_below", *pinned), handover_above=0.5)
     return Sim(th=th, out_of_scope=out_of_scope)
 
 
@@ -597,7 +598,7 @@ def test_too_few_scores_hold_handover_above() -> None:
 
 
 def test_a_handover_move_rides_a_heavy_change_and_survives_its_rollback() -> None:
-    sim = Sim(out_of_scope=0.3)
+    sim = Sim(th=Thresholds(handover_above=0.5), out_of_scope=0.3)
     sim.step(1500, *drift(100, 100))  # longer, less sure requests: far over the heavy budget, both move
     d = sim.decisions[-1]
     assert d.action == "change" and d.change is not None and HANDOVER_KNOB in d.values

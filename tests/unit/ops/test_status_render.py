@@ -75,7 +75,9 @@ def test_status_fits_80_columns_without_cutting_a_value(redis_up: bool) -> None:
     assert rows["heavy"][-3:-1] == ["17", "17"] and rows["all"][-2:] == ["60", "18"]
     assert "handed over 1.1% (18 answers" in text and ("budget 10%" in text) == redis_up
     if redis_up:
-        assert "handover_above=0.5" in text and "handover_budget=0.1" in text and "abstain_above=0.5" in text
+        th = Thresholds()
+        for key in ("handover_above", "handover_budget", "abstain_above"):
+            assert f"{key}={getattr(th, key)}" in text, key
     check(f"status_80_{'healthy' if redis_up else 'redis_down'}.txt", text)
 
 

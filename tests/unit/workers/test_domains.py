@@ -146,7 +146,7 @@ def test_the_default_light_model_is_the_shops(shop_light: CharNgramClassifier) -
 
 def test_a_pack_s_out_of_scope_and_chitchat_lines_train_their_classes(tmp_path: Path) -> None:
     """Lines named under `out_of_scope` / `chitchat` are trained as `oos` / `chitchat` whatever their rows say;
-    the oos class's probability is the out-of-scope score, and small talk scores 0 and gets its reply."""
+    off-topic text scores high (the oos class takes its mass), and small talk scores 0 and gets its reply."""
     pack = _pack(tmp_path / "sockshop")
     (pack / "oos.csv").write_text("text,category\n" + "".join(f"what is the weather in city {i},anything\n"
                                                                for i in range(20)), encoding="utf-8")
@@ -166,7 +166,7 @@ def test_a_pack_s_out_of_scope_and_chitchat_lines_train_their_classes(tmp_path: 
                                              Item("what is the weather in city 12"), Item("thanks there 4")])
     assert parcel.intent == "track_parcel" and parcel.oos < 0.3
     assert weather.oos > 0.5 and weather.intent != "oos"  # the nearest known intent (never the class itself)
-    assert (thanks.intent, thanks.oos, thanks.answer) == ("chitchat", 0.0, "You're welcome!")
+    assert (thanks.intent, thanks.oos, thanks.answer, thanks.small_talk) == ("chitchat", 0.0, "You're welcome!", True)
 
 
 def test_the_out_of_scope_score_is_the_oos_class_or_max_softmax() -> None:
@@ -177,11 +177,13 @@ def test_the_out_of_scope_score_is_the_oos_class_or_max_softmax() -> None:
     probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]], dtype=np.float32)
     with_oos = scoped(probs, ["a", "b", "oos"])
     assert with_oos.best.tolist() == [0, 1, 1]  # never the oos class itself
-    assert np.allclose(with_oos.oos, [0.1, 0.6, 0.3]) and np.allclose(with_oos.confidence, [0.7, 0.3, 0.5])
+    # 1 - the best known intent's probability (the oos class takes off-topic text's mass)
+    assert np.allclose(with_oos.oos, [0.3, 0.7, 0.5]) and np.allclose(with_oos.confidence, [0.7, 0.3, 0.5])
     without = scoped(probs, ["a", "b", "c"])
-    assert np.allclose(without.oos, [0.3, 0.4, 0.5])  # 1 - the top probability
+    assert np.allclose(without.oos, [0.3, 0.4, 0.5])  # max-softmax: 1 - the top probability
     chat = scoped(probs, ["chitchat", "b", "oos"])
-    assert np.allclose(chat.oos, [0.0, 0.6, 0.3])  # small talk on top: never handed over
+    assert np.allclose(chat.oos, [0.0, 0.7, 0.5])  # small talk on top: never handed over
+    assert chat.small_talk.tolist() == [True, False, False] and not with_oos.small_talk.any()
 
 
 @pytest.mark.parametrize(("text", "lang", "reply"), [
