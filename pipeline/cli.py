@@ -24,6 +24,7 @@ COMMANDS: dict[str, Command] = {
     "feedback": commands.cmd_feedback,
     "send": commands.cmd_send,
     "answers": commands.cmd_answers,
+    "handovers": commands.cmd_handovers,
     "thresholds": commands.cmd_thresholds,
     "vip": commands.cmd_vip,
     "route": commands.cmd_route,
@@ -111,14 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ack-timeout", type=float, default=10.0,
                     help="seconds the broker may take to acknowledge the request (10); exit 2 when it does not")
 
-    sp = add("answers", "Print the answers on the answers topic (each request id once) and exit; "
-                        "--follow keeps printing new ones.")
-    sp.add_argument("--follow", "-f", action="store_true", help="keep printing new answers until Ctrl-C")
-    sp.add_argument("--json", action="store_true", help="one JSON answer per line")
-    sp.add_argument("--new", action="store_true", help="only answers that arrive from now on")
-    sp.add_argument("--idle", type=float, default=0.0,
-                    help="without --follow: once every existing answer is printed, wait this many seconds "
-                         "more for new ones (0)")
+    for name, what, about in (("answers", "answers", "the answers on the answers topic"),
+                              ("handovers", "hand-overs", "the requests handed over to a person (tierflow.handover: "
+                                                          "what a human agents' desk reads)")):
+        sp = add(name, f"Print {about}, each request id once, and exit; --follow keeps printing new ones.")
+        sp.add_argument("--follow", "-f", action="store_true", help=f"keep printing new {what} until Ctrl-C")
+        sp.add_argument("--json", action="store_true", help="one JSON record per line")
+        sp.add_argument("--new", action="store_true", help=f"only {what} that arrive from now on")
+        sp.add_argument("--idle", type=float, default=0.0,
+                        help="without --follow: once every existing one is printed, wait this many seconds more (0)")
+
 
     sp = add("thresholds", "Show, change, pin, list or roll back the routing thresholds.")
     tsub = sp.add_subparsers(dest="action", required=True)

@@ -1,4 +1,4 @@
-"""Reading answers as a user would: one answer per request id, whatever the delivery guarantees.
+"""Reading answers (and hand-overs) as a user would: one per request id, whatever the delivery guarantees.
 
 Workers deliver at least once, so after a crash an answer can appear twice on `tierflow.answers`.
 `AnswerReader` drops repeats by request id (a bounded memory of recent ids), which is the documented
@@ -8,11 +8,14 @@ way to consume answers exactly once.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from pipeline.adapters.kafka import Tail, topics_of
-from pipeline.contracts.records import Answer, answer_of
+from pipeline.contracts.records import Answer, Handover, answer_of, handover_of
 from pipeline.settings import Settings
+
+R = TypeVar("R", Answer, Handover)
 
 
 class Deduper:
@@ -33,35 +36,52 @@ class Deduper:
         return True
 
 
-class AnswerReader:
-    """Answers (dicts of schemas/answer.v1.json), each request id once, from positions taken when it is made.
+class RecordReader(Generic[R]):
+    """Records of one topic read by `read` (None: skipped), each request id once, from positions taken when it is
+    made.
 
-    `from_beginning=False` starts at the topic's end offsets *now*: make the reader, then send, and no answer
-    can slip past it. No consumer group is joined or left behind (pipeline.adapters.kafka.Tail).
+    `from_beginning=False` starts at the topic's end offsets *now*: make the reader, then send, and no record can
+    slip past it. No consumer group is joined or left behind (pipeline.adapters.kafka.Tail).
     """
 
-    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:
-        self.tail = Tail(settings, topics_of(settings).answers, "beginning" if from_beginning else "end")
+    def __init__(self, settings: Settings, topic: str, read: Callable[[bytes | None], R | None],
+                 from_beginning: bool = True, dedupe: bool = True) -> None:
+        self.tail = Tail(settings, topic, "beginning" if from_beginning else "end")
+        self.read: Callable[[bytes | None], R | None] = read
         self.deduper = Deduper() if dedupe else None
 
-    def poll(self, timeout: float = 0.5, max_records: int = 500) -> list[Answer]:
+    def poll(self, timeout: float = 0.5, max_records: int = 500) -> list[R]:
         out = []
         for msg in self.tail.poll(timeout, max_records):
-            ans = answer_of(msg.value())
-            if ans is None:
+            rec = self.read(msg.value())
+            if rec is None:
                 continue
-            if self.deduper is None or self.deduper.first(str(ans.get("request_id"))):
-                out.append(ans)
+            if self.deduper is None or self.deduper.first(str(rec.get("request_id"))):
+                out.append(rec)
         return out
 
     @property
     def caught_up(self) -> bool:
-        """True once every answer that existed when the reader was made has been read."""
+        """True once every record that existed when the reader was made has been read."""
         return self.tail.caught_up
 
-    def __iter__(self) -> Iterator[Answer]:
+    def __iter__(self) -> Iterator[R]:
         while True:
             yield from self.poll()
 
     def close(self) -> None:
         self.tail.close()
+
+
+class AnswerReader(RecordReader[Answer]):
+    """Answers (dicts of schemas/answer.v1.json) on tierflow.answers, each request id once."""
+
+    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:
+        super().__init__(settings, topics_of(settings).answers, answer_of, from_beginning, dedupe)
+
+
+class HandoverReader(RecordReader[Handover]):
+    """Hand-overs (schemas/handover.v1.json) on tierflow.handover, each request id once: a human agents' desk."""
+
+    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:
+        super().__init__(settings, topics_of(settings).handover, handover_of, from_beginning, dedupe)

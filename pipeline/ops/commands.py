@@ -28,7 +28,7 @@ from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable
 from pipeline.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # the commands import what they use: `tierflow --help` stays fast
-    from pipeline.contracts.records import Answer
+    from pipeline.contracts.records import Answer, Handover
 
 
 # --------------------------------------------------------------------------- helpers
@@ -245,12 +245,24 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_answers(args: argparse.Namespace) -> int:
-    from pipeline.adapters.kafka import check_reachable
     from pipeline.adapters.tails import AnswerReader
+
+    return _print_records(args, AnswerReader, _answer_line)
+
+
+def cmd_handovers(args: argparse.Namespace) -> int:
+    """What a human agents' desk reads: the requests handed over to a person, each once."""
+    from pipeline.adapters.tails import HandoverReader
+
+    return _print_records(args, HandoverReader, _handover_line)
+
+
+def _print_records(args: argparse.Namespace, reader_of: Any, line: Any) -> int:
+    from pipeline.adapters.kafka import check_reachable
 
     s = settings_of(args)
     check_reachable(s.kafka.servers, "Kafka")
-    reader = AnswerReader(s, from_beginning=not args.new)
+    reader = reader_of(s, from_beginning=not args.new)
     stopping = threading.Event()
     stop_on_signals(stopping.set)
     idle_since = time.monotonic()
@@ -263,7 +275,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json.dumps(ans, ensure_ascii=False), flush=True)
                 else:
-                    print(_answer_line(ans), flush=True)
+                    print(line(ans), flush=True)
             # Without --follow: what existed when the command started, then (--idle) a little more.
             if not args.follow and reader.caught_up and time.monotonic() - idle_since >= args.idle:
                 break
@@ -275,8 +287,15 @@ def cmd_answers(args: argparse.Namespace) -> int:
 def _answer_line(ans: Answer) -> str:
     timings = ans.get("timings_ms")
     total = timings.get("total", "?") if timings else "?"
-    return (f"{ans.get('request_id')!s:<20} {ans.get('tier')!s:<10} {ans.get('intent')!s:<28} "
+    tier = f"{ans.get('tier')}→person" if ans.get("handover") else ans.get("tier")
+    return (f"{ans.get('request_id')!s:<20} {tier!s:<10} {ans.get('intent')!s:<28} "
             f"{total!s:>6}ms  {ans.get('answer')}")
+
+
+def _handover_line(h: Handover) -> str:
+    return (f"{h.get('request_id')!s:<20} {h.get('lang')!s:<3} {h.get('tier')!s:<10} "
+            f"oos {h.get('oos_score', 0.0):.2f}>{h.get('handover_above', 1.0):.2f}  "
+            f"nearest {h.get('intent')!s:<24} {h.get('text')}")
 
 
 def cmd_thresholds(args: argparse.Namespace) -> int:

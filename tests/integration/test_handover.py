@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from pipeline.adapters.kafka import topics_of
+from pipeline.adapters.tails import HandoverReader
 from pipeline.contracts.models import validate_answer, validate_handover
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
@@ -99,6 +100,13 @@ def test_unknown_questions_are_handed_over_and_small_talk_answered_by_light(
 
     # one record per hand-over on the desk's topic, with its reason, valid under the schema
     assert Counter(h["request_id"] for h in records) == Counter(a["request_id"] for a in handed)
+    # what a desk reads with `tierflow handovers`: the same records, each id once
+    desk = HandoverReader(s)
+    seen: list[str] = []
+    while not desk.caught_up:
+        seen += [str(h["request_id"]) for h in desk.poll(0.5)]
+    desk.close()
+    assert sorted(seen) == sorted(str(h["request_id"]) for h in records)
     texts = {r["id"]: r["text"] for r in reqs}
     for h in records:
         validate_handover(h)
