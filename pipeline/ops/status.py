@@ -347,7 +347,9 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m ago" if seconds < 7200 else f"{seconds / 3600:.0f}h ago"
 
 
-NARROW = 100  # below this many columns the tier table drops the worker p95 and moves the models below it
+# Below this many columns the tier table drops the worker p95 and moves the models below it: the wide table's
+# headers alone take ~120 columns, and the models' names ~40 more.
+NARROW = 150
 
 
 def _slo(th: Thresholds | None, tier: str) -> float | None:
@@ -388,7 +390,11 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
                 ("worker p95", "right"), ("lag", "right"), ("escalated", "right"), ("degraded", "right"),
                 ("abstained", "right"), ("handed over", "right"), ("last answer", "right"), ("model", "left")))
     for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        # Every header whole: rich shrinks the widest columns first, and only the models may be cut ("…").
+        flexible = name == "model"
+        table.add_column(name, justify=justify, no_wrap=True,  # type: ignore[arg-type]
+                         min_width=None if flexible else max(len(name), 10 if name == "tier" else 0),
+                         overflow="ellipsis" if flexible else "fold")
     for t in frame.tiers:
         slo = _slo(th, t.tier)
         cells: list[str | Text] = [

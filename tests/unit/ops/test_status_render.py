@@ -93,3 +93,13 @@ def test_a_wide_terminal_keeps_the_full_table() -> None:
     assert "worker p95" in text and "minilm+smollm2@cuda" in text and "(1 joining)" in text
     assert "handed over" in text and "17 (4%)" in text  # heavy: 17 of its 412 answers
     assert max(len(line) for line in text.splitlines()) <= 160 and "…" not in text
+
+
+@pytest.mark.parametrize("width", [100, 120, 149, 150, 170, 200])
+def test_no_header_is_cut_at_any_common_width(width: int) -> None:
+    """Found trying it as a user: at 120 and 160 columns the wide table cut its headers to "an…", "wor…"; only
+    the models' names may be shortened."""
+    text = shown(frame(), width)
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("tier"))
+    assert "…" not in header, header
+    assert "multimodal" in text
