@@ -8,7 +8,7 @@ are trained without them, twice, with the product's recipe (`tierflow train`):
 - **today's**: the pack's other intents only; its out-of-scope score is 1 - the top probability (max-softmax);
 - **with the oos class**: plus tierflow's hand-written off-topic lines as the `oos` class and its chit-chat lines
   (workers/data/general, English and Chinese); the score is 1 - the best known intent's probability, as the workers
-  compute it (`workers.models.common.scoped`; chit-chat on top scores 0 and stays with light).
+  compute it (`workers.models.common.scoped`; chit-chat on top scores 0: never handed over).
 
 Test sets, none trained on: *in scope*, the pack's test messages of the intents it kept and, for e-commerce, its
 check set's natural messages (half Chinese; a message raising two intents is right with either); *unknown*, its test
@@ -177,7 +177,7 @@ def evaluate(s: TierScores, sets: Sets, rows: np.ndarray, mode: str, abstain: fl
     kind = sets.kind[rows]
     if mode == "cascade":
         lc, lo = s.light.confidence[rows], s.light.oos[rows]
-        up = ~s.light.small_talk[rows] & ((lc < ESCALATE_BELOW) | (lo > abstain))  # small talk stays light
+        up = (lc < ESCALATE_BELOW) | (lo > abstain)  # small talk scores 0: it escalates only when unsure
         final_intent = np.where(up, lab[s.heavy.best[rows]], lab[s.light.best[rows]])
         final_oos = np.where(up, s.heavy.oos[rows], lo)
         handed = up & (final_oos > handover)

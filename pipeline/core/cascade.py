@@ -54,13 +54,14 @@ def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: boo
       `escalate_below` or, abstaining, with an out-of-scope score over `abstain_above`.
     - A stage that does not escalate is the last one: over `handover_above` it hands the request over (a light
       stage that cannot escalate, being degraded, too: a person answers better than a guess).
-    - Small talk (chit-chat is the model's top label) is answered where it is: a short polite reply is cheap, and
-      the heavy tier and the people are for the business's questions.
+    - Small talk (chit-chat is the model's top label) never abstains nor is handed over: people are for the
+      business's questions. Unsure small talk still escalates (short shop questions, "my parcel", can look like
+      it to the light model).
     - A shadow run writes its result only.
     - A replayed request that an earlier replay already answered (`fresh` False) is not answered again unless the
       operator forced it (`force`); `fresh` None: unknown (Redis unreachable), answered (at least once).
     """
-    can_escalate = tier is Tier.LIGHT and not shadow and not escalated and not degraded and not small_talk
+    can_escalate = tier is Tier.LIGHT and not shadow and not escalated and not degraded
     light_abstains = can_escalate and abstains(oos_score, abstain_above)
     escalate = can_escalate and (light_abstains or should_escalate(confidence, escalate_below))
     final = not escalate and not shadow

@@ -93,9 +93,13 @@ def test_shadows_and_answered_replays_never_hand_over() -> None:
     assert (first.answer, first.handover) == (True, True)
 
 
-def test_small_talk_is_answered_where_it_is() -> None:
-    """Chit-chat on top: light answers it however unsure, and no stage hands it over."""
-    light = outcome(Tier.LIGHT, 0.2, 0.5, oos_score=0.0, abstain_above=0.1, handover_above=0.1, small_talk=True)
-    assert (light.escalate, light.answer, light.handover, light.abstained) == (False, True, False, False)
+def test_small_talk_is_never_handed_over_and_escalates_only_when_unsure() -> None:
+    """Chit-chat on top: no stage abstains on it nor hands it over; light escalates it only below escalate_below."""
+    sure = outcome(Tier.LIGHT, 0.8, 0.5, oos_score=0.0, abstain_above=0.1, handover_above=0.1, small_talk=True)
+    assert (sure.escalate, sure.answer, sure.handover, sure.abstained) == (False, True, False, False)
+    unsure = outcome(Tier.LIGHT, 0.3, 0.5, oos_score=0.0, abstain_above=0.1, handover_above=0.1, small_talk=True)
+    assert (unsure.escalate, unsure.abstained) == (True, False)
+    degraded = outcome(Tier.LIGHT, 0.3, 0.5, degraded=True, oos_score=0.9, handover_above=0.1, small_talk=True)
+    assert (degraded.answer, degraded.handover) == (True, False)
     heavy = outcome(Tier.HEAVY, 0.2, 0.5, escalated=True, oos_score=0.9, handover_above=0.1, small_talk=True)
     assert (heavy.answer, heavy.handover) == (True, False)
