@@ -179,7 +179,7 @@ def evaluate(s: TierScores, sets: Sets, rows: np.ndarray, mode: str, abstain: fl
         lc, lo = s.light.confidence[rows], s.light.oos[rows]
         up = (lc < ESCALATE_BELOW) | (lo > abstain)  # small talk scores 0: it escalates only when unsure
         final_intent = np.where(up, lab[s.heavy.best[rows]], lab[s.light.best[rows]])
-        final_oos = np.where(up, s.heavy.oos[rows], lo)
+        final_oos = np.where(up, (s.heavy.oos[rows] + lo) / 2.0, lo)  # cascade.scope_score
         handed = up & (final_oos > handover)
         heavy_share = float(up.mean())
     else:

@@ -48,7 +48,7 @@ from pipeline.contracts.records import (
     result_details,
 )
 from pipeline.contracts.topics import Tier
-from pipeline.core.cascade import NEVER, outcome
+from pipeline.core.cascade import NEVER, outcome, scope_score
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
 from workers.batching import collect_batch
@@ -367,10 +367,12 @@ class Worker:
         """
         rid, key = d["request"]["id"], msg.key()
         replay, shadow = d["replay"], d["shadow"]
+        esc = d.get("escalated_from")
+        oos = scope_score(pred.oos, esc.get("oos_score") if esc is not None else None)
         fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
                        force=d.get("replay_force", False), degraded=d["degraded"],
                        escalated=d.get("escalated_from") is not None,
-                       fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=pred.oos,
+                       fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=oos,
                        abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER),
                        small_talk=pred.small_talk)
         escalate = fate.escalate
@@ -385,7 +387,7 @@ class Worker:
                      fallback, handed)
         answer_json, result_json = dump_answer_and_result(
             ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id,
-                                pred.oos, fate.abstained))
+                                oos, fate.abstained))
         produce(out, self.topics.results, result_json, key)
         timings = ans["timings_ms"]
         self._observed.append((fate.kind, pred.model, infer_ms, timings["queue"],
@@ -393,8 +395,7 @@ class Worker:
         if fate.abstained:
             self._abstained += 1
         if escalate:
-            up = escalation(d, self.tier, pred.intent, pred.confidence, pred.model, infer_ms, pred.oos,
-                            fate.abstained)
+            up = escalation(d, self.tier, pred.intent, pred.confidence, pred.model, infer_ms, oos, fate.abstained)
             heavy_topic = self.topics.replay_tier(Tier.HEAVY) if replay else self.topics.tier(Tier.HEAVY)
             try:
                 produce(out, heavy_topic, orjson.dumps(up), key)
@@ -403,7 +404,7 @@ class Worker:
         elif fate.answer:
             produce(out, self.topics.answers, answer_json, key)
             if fate.handover:  # the desk's record goes in the same batch (and transaction) as the holding answer
-                produce(out, self.topics.handover, orjson.dumps(handover(d, ans, pred.oos)), key)
+                produce(out, self.topics.handover, orjson.dumps(handover(d, ans, oos)), key)
                 self._handed_over += 1
 
     def _internal(self, msg: Message, e: Exception) -> None:

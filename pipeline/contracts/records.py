@@ -247,7 +247,7 @@ class ResultDetails(TypedDict):
     label: NotRequired[str | None]
     light_intent: NotRequired[str | None]
     light_confidence: NotRequired[float | None]
-    oos_score: NotRequired[Annotated[float, Field(ge=0.0, le=1.0)]]  # the stage's out-of-scope score
+    oos_score: NotRequired[Annotated[float, Field(ge=0.0, le=1.0)]]  # the score it decided on (cascade.scope_score)
     abstained: NotRequired[bool]  # the score was over the stage's threshold (light: escalated; else: handed over)
 
 

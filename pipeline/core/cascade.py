@@ -38,6 +38,13 @@ class Outcome:
         return self.answer
 
 
+def scope_score(stage_oos: float, light_oos: float | None = None) -> float:
+    """The out-of-scope score a stage decides on: its own, or for a request light escalated, the mean of both
+    tiers' (two models that err differently: on bench.out_of_scope's choosing half the mean caught more unknowns
+    at the same in-scope accuracy than heavy's score alone, its max or its min)."""
+    return stage_oos if light_oos is None else (stage_oos + light_oos) / 2.0
+
+
 def abstains(oos_score: float, above: float) -> bool:
     """Out of scope for this stage: the score is over its threshold (a threshold of 1 never is)."""
     return oos_score > above

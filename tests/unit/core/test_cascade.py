@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from pipeline.contracts.topics import Tier
-from pipeline.core.cascade import NEVER, Outcome, outcome
+from pipeline.core.cascade import NEVER, Outcome, outcome, scope_score
 
 BELOW = 0.5
 FLAGS = ("shadow", "replay", "force", "degraded", "escalated")
@@ -103,3 +103,8 @@ def test_small_talk_is_never_handed_over_and_escalates_only_when_unsure() -> Non
     assert (degraded.answer, degraded.handover) == (True, False)
     heavy = outcome(Tier.HEAVY, 0.2, 0.5, escalated=True, oos_score=0.9, handover_above=0.1, small_talk=True)
     assert (heavy.answer, heavy.handover) == (True, False)
+
+
+def test_an_escalated_request_is_judged_on_both_tiers_scores() -> None:
+    assert scope_score(0.8) == 0.8
+    assert scope_score(0.8, 0.4) == pytest.approx(0.6)
