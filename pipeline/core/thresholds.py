@@ -27,7 +27,7 @@ class Thresholds(BaseModel):
     # does not know"): the best out-of-scope recall within 1 point of the in-scope accuracy without abstention.
     abstain_above: float = Field(0.25, ge=0.0, le=1.0,
                                  description="light out-of-scope score above this -> heavy (1: never)")
-    handover_above: float = Field(0.35, ge=0.0, le=1.0,
+    handover_above: float = Field(0.5, ge=0.0, le=1.0,
                                   description="final out-of-scope score above this -> a person (1: never)")
     handover_budget: float = Field(0.10, ge=0.0, le=1.0, description="target max share of requests handed over")
     light_slo_p95_ms: float = Field(500.0, gt=0, le=600_000)
