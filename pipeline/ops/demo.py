@@ -125,7 +125,7 @@ def _print(console: Console, answers: dict[str, Any], writer: str | None) -> Non
     table.add_column("id", no_wrap=True, min_width=2)
     table.add_column("case", no_wrap=True, min_width=5)
     table.add_column("message", overflow="ellipsis", no_wrap=True, max_width=40 if wide else 16)
-    table.add_column("tier", no_wrap=True, min_width=10)
+    table.add_column("tier", no_wrap=True, min_width=16)  # "heavy+esc→person"
     table.add_column("rule", no_wrap=True, min_width=6)
     if wide:
         table.add_column("model", no_wrap=True)
