@@ -224,6 +224,7 @@ class PackResult:
     held: list[str]
     counts: dict[str, int]
     rows: list[tuple[str, str, Point, Point, float]]  # (model, mode, today's, with oos, today's in-scope acc)
+    groups: dict[str, tuple[int, float]]  # the cascade's hand-overs per kind of message: (messages, share)
 
 
 def kept(root: Path, which: str) -> Path:
@@ -253,9 +254,32 @@ def run_pack(name: str, models: tuple[str, ...], keep: Path | None, reuse: Path 
         n_point = choose(new, sets, pick, mode, bar_pick - WITHIN)
         rows.append((name, mode, evaluate(today, sets, report, mode, t_point.abstain_above, t_point.handover_above),
                      evaluate(new, sets, report, mode, n_point.abstain_above, n_point.handover_above), bar))
+    point = rows[-1][3]
+    groups = {name: (int(mask[report].sum()), handed_share(new, sets, report, mask, point))
+              for name, mask in kinds(sets).items()}
     counts = {k: int((sets.kind[report] == k).sum()) for k in ("in", "unknown", "chitchat")}
     counts["unknown_held_out"] = int(((sets.kind == "unknown") & ~np.isin(sets.intent, [OUT_OF_SCOPE]))[report].sum())
-    return PackResult(name, held, counts, rows)
+    return PackResult(name, held, counts, rows, groups)
+
+
+def kinds(sets: Sets) -> dict[str, np.ndarray]:
+    intent = np.array(sets.intent)
+    unknown = sets.kind == "unknown"
+    return {"held-out intents": unknown & (intent != OUT_OF_SCOPE),
+            "off-topic, English": unknown & (intent == OUT_OF_SCOPE) & ~sets.zh,
+            "off-topic, Chinese": unknown & (intent == OUT_OF_SCOPE) & sets.zh,
+            "in scope, English": (sets.kind == "in") & ~sets.zh, "in scope, Chinese": (sets.kind == "in") & sets.zh,
+            "chit-chat": sets.kind == "chitchat"}
+
+
+def handed_share(s: TierScores, sets: Sets, rows: np.ndarray, mask: np.ndarray, p: Point) -> float:
+    """The share of `mask`'s messages among `rows` the cascade hands over at `p`'s thresholds."""
+    keep = rows[mask[rows]]
+    if not len(keep):
+        return 0.0
+    lc, lo = s.light.confidence[keep], s.light.oos[keep]
+    up = (lc < ESCALATE_BELOW) | (lo > p.abstain_above)
+    return float((np.where(up, (s.heavy.oos[keep] + lo) / 2.0, lo) > p.handover_above).mean())
 
 
 def render(results: Sequence[PackResult]) -> str:
@@ -280,6 +304,12 @@ def render(results: Sequence[PackResult]) -> str:
         lines.append(f"- {r.domain}: held out {', '.join(r.held)}. Reporting half: {c['in']} in scope, "
                      f"{c['unknown']} unknown ({c['unknown_held_out']} of the held-out intents, the rest off-topic), "
                      f"{c['chitchat']} chit-chat.")
+    lines += ["", "The cascade's hand-overs per kind of message (reporting half, its thresholds above):", "",
+              "| pack | " + " | ".join(results[0].groups) + " |" if results else "",
+              "|---|" + "---:|" * (len(results[0].groups) if results else 0)]
+    for r in results:
+        lines.append(f"| {r.domain} | " + " | ".join(f"{share:.1%} of {n}" if n else "—"
+                                                     for n, share in r.groups.values()) + " |")
     return "\n".join(lines)
 
 
