@@ -280,7 +280,8 @@ def test_status_once_renders_the_running_pipeline(pipeline: Pipeline, traffic: d
     try:
         time.sleep(1.0)
         started = time.monotonic()
-        out = pipeline.cli("status", "--once", timeout=30)
+        # a terminal wide enough for the wide table (models in its last column: status.NARROW)
+        out = pipeline.cli("status", "--once", env={**pipeline.env, "COLUMNS": "160"}, timeout=30)
         took = time.monotonic() - started
     finally:
         stop.set()
