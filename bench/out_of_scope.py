@@ -170,17 +170,22 @@ class Point:
     handover_share: float  # of all messages in the set
 
 
+def cascade(s: TierScores, rows: np.ndarray, abstain: float) -> tuple[np.ndarray, np.ndarray]:
+    """(escalated, the score the last stage decides on) per row, as workers/runner.py with cascade.scope_score."""
+    lo = s.light.oos[rows]
+    up = (s.light.confidence[rows] < ESCALATE_BELOW) | (lo > abstain)  # small talk scores 0: escalates if unsure
+    return up, np.where(up, (s.heavy.oos[rows] + lo) / 2.0, lo)
+
+
 def evaluate(s: TierScores, sets: Sets, rows: np.ndarray, mode: str, abstain: float, handover: float) -> Point:
     """`mode`: "light" or "heavy" alone (that tier answers or hands over everything), or "cascade"."""
     lab = np.array(s.labels)
     truth = np.array(sets.intent)[rows]
     kind = sets.kind[rows]
     if mode == "cascade":
-        lc, lo = s.light.confidence[rows], s.light.oos[rows]
-        up = (lc < ESCALATE_BELOW) | (lo > abstain)  # small talk scores 0: it escalates only when unsure
+        up, final_oos = cascade(s, rows, abstain)
         final_intent = np.where(up, lab[s.heavy.best[rows]], lab[s.light.best[rows]])
-        final_oos = np.where(up, (s.heavy.oos[rows] + lo) / 2.0, lo)  # cascade.scope_score
-        handed = up & (final_oos > handover)
+        handed = final_oos > handover
         heavy_share = float(up.mean())
     else:
         t = s.light if mode == "light" else s.heavy
@@ -277,9 +282,8 @@ def handed_share(s: TierScores, sets: Sets, rows: np.ndarray, mask: np.ndarray, 
     keep = rows[mask[rows]]
     if not len(keep):
         return 0.0
-    lc, lo = s.light.confidence[keep], s.light.oos[keep]
-    up = (lc < ESCALATE_BELOW) | (lo > p.abstain_above)
-    return float((np.where(up, (s.heavy.oos[keep] + lo) / 2.0, lo) > p.handover_above).mean())
+    _, final_oos = cascade(s, keep, p.abstain_above)
+    return float((final_oos > p.handover_above).mean())
 
 
 def render(results: Sequence[PackResult]) -> str:

@@ -371,7 +371,7 @@ class Worker:
         oos = scope_score(pred.oos, esc.get("oos_score") if esc is not None else None)
         fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
                        force=d.get("replay_force", False), degraded=d["degraded"],
-                       escalated=d.get("escalated_from") is not None,
+                       escalated=esc is not None,
                        fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=oos,
                        abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER),
                        small_talk=pred.small_talk)
