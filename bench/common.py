@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: machine description and BENCHMARKS.md section writing."""
+"""Shared benchmark plumbing: machine description, BENCHMARKS.md section writing, and the answer reader."""
 
 from __future__ import annotations
 
@@ -10,11 +10,17 @@ import re
 import shlex
 import socket
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.adapters.kafka import create_topics
+import orjson
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from pipeline.adapters.kafka import create_topics, make_consumer, poll_batch
 from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
@@ -111,3 +117,164 @@ def fresh_topics(base: Settings) -> Settings:
     s = base.updated(topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
     create_topics(s)
     return s
+
+
+
+# --------------------------------------------------------------------------- timing answers
+def run_ids(n: int, tag: str | None = None) -> list[str]:
+    """n request ids unique to one run (`tag-0` .. `tag-(n-1)`, tag random unless given)."""
+    tag = tag or uuid.uuid4().hex[:8]
+    return [f"{tag}-{i}" for i in range(n)]
+
+
+class AnswerLog:
+    """The first read time (epoch s) of each id a run expects; ids of other runs never count.
+
+    A topic reused across runs still holds the earlier runs' answers: counting them made a wait for
+    "n answers" end as soon as sending did and dropped the run's own slowest answers.
+    """
+
+    def __init__(self, expected: Iterable[str]) -> None:
+        self.expected = frozenset(expected)
+        self.read_at: dict[str, float] = {}
+        self.foreign = 0  # records read that belong to no expected id (earlier runs, other traffic)
+
+    def note(self, rid: str, at: float) -> None:
+        """Record that `rid`'s answer was read at `at` (epoch s); the first read counts."""
+        if rid in self.expected:
+            self.read_at.setdefault(rid, at)
+        else:
+            self.foreign += 1
+
+    @property
+    def complete(self) -> bool:
+        return len(self.read_at) >= len(self.expected)
+
+    def missing(self) -> list[str]:
+        return sorted(self.expected - self.read_at.keys())
+
+
+@dataclass
+class Run:
+    """One measured run: what was sent, what was answered, and every answered request's latency."""
+
+    sent: int
+    answered: int
+    seconds: float  # from the run's start to the last answer read
+    latencies_ms: list[float]  # one per answered request: none left out
+    missing_floor_ms: float = 0.0  # every missing answer's latency is above this (it was not read in time)
+
+    @property
+    def missing(self) -> int:
+        return self.sent - self.answered
+
+    @property
+    def rate(self) -> float:
+        return self.answered / self.seconds if self.seconds else 0.0
+
+    def percentiles(self, qs: Iterable[int] = (50, 95, 99)) -> list[float | None]:
+        """Latency percentiles (ms, inclusive method) over every sent request, answered or not.
+
+        A missing answer counts as slower than every answer read; a percentile that falls among the
+        missing ones is not known and is None (see `missing_floor_ms` for a lower bound).
+        """
+        return tail_percentiles(self.latencies_ms, self.missing, qs)
+
+    def cells(self, qs: Iterable[int] = (50, 95, 99)) -> list[str]:
+        """The percentiles as table cells: `> floor` where a percentile falls among missing answers."""
+        floor = max([self.missing_floor_ms, *self.latencies_ms])
+        return [f"> {floor:.0f}" if v is None else f"{v:.1f}" for v in self.percentiles(qs)]
+
+
+def tail_percentiles(latencies: list[float], missing: int, qs: Iterable[int] = (50, 95, 99)) -> list[float | None]:
+    """Percentiles `qs` of `latencies` plus `missing` values known only to be above all of them.
+
+    Without missing values this is `statistics.quantiles(latencies, n=100, method="inclusive")`; with
+    them, a percentile whose rank needs a missing value is None rather than a number that leaves them out.
+    """
+    xs = sorted(latencies)
+    total = len(xs) + missing
+    out: list[float | None] = []
+    for q in qs:
+        if total == 0:
+            out.append(0.0)
+            continue
+        pos = (total - 1) * q / 100.0  # the inclusive method's rank, 0-based
+        lo, frac = int(pos), pos - int(pos)
+        hi = lo + 1 if frac > 1e-12 else lo
+        if hi >= len(xs):
+            out.append(None)
+        elif total == 1:
+            out.append(xs[0])
+        else:
+            out.append(xs[lo] + (xs[hi] - xs[lo]) * frac)
+    return out
+
+
+def summarize(sent_at: dict[str, float], log: AnswerLog, t0: float, gave_up_at: float) -> Run:
+    """The run from send times, read times, its start `t0` and when the wait ended (all epoch s)."""
+    done = {k: log.read_at[k] for k in sent_at if k in log.read_at}
+    lat = [(done[k] - t) * 1000 for k, t in sent_at.items() if k in done]
+    gone = [gave_up_at - t for k, t in sent_at.items() if k not in done]
+    floor = min(gone) * 1000 if gone else 0.0
+    return Run(len(sent_at), len(done), (max(done.values()) - t0) if done else 0.0, lat, max(floor, 0.0))
+
+
+def missing_note(runs: dict[str, Run]) -> str:
+    """A sentence naming the runs whose answers did not all arrive in time ("" when all did)."""
+    short = [f"{name}: {r.missing:,} of {r.sent:,} missing" for name, r in runs.items() if r.missing]
+    if not short:
+        return ""
+    return ("**Not every answer arrived before the wait ended** (" + "; ".join(short) + "). A missing answer "
+            "counts as slower than every answer read; a percentile that falls among them shows `> x`, x being "
+            "a lower bound in ms.")
+
+
+class AnswerReader:
+    """Reads a topic in a thread from its end at start, timing the answers to the ids of one run."""
+
+    def __init__(self, s: Settings, topic: str, expected: Iterable[str],
+                 consumer: Consumer | None = None) -> None:
+        self.c = consumer or make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}", **{"fetch.wait.max.ms": 5})
+        self.topic = topic
+        self.log = AnswerLog(expected)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, timeout: float = 30.0) -> AnswerReader:
+        """Start at the current end of every partition (records there are other runs'), then read."""
+        md = self.c.list_topics(self.topic, timeout=timeout).topics[self.topic]
+        parts = []
+        for p in sorted(md.partitions):
+            _, high = self.c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+            parts.append(TopicPartition(self.topic, p, high))
+        self.c.assign(parts)  # explicit offsets: nothing produced after this point can be skipped
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # poll_batch: consume(n, timeout) would wait out the timeout for n records, adding it to every latency
+            for m in poll_batch(self.c, 5000, 0.05):
+                self.take(m, time.time())
+
+    def take(self, m: Message, now: float) -> None:
+        """Note one record: its id is the key, or the `request_id` of the JSON value."""
+        if m.error() is not None or not m.value():
+            return
+        key = m.key()
+        rid = key.decode() if isinstance(key, bytes) else orjson.loads(m.value() or b"{}").get("request_id")
+        if isinstance(rid, str):
+            self.log.note(rid, now)
+
+    def wait(self, timeout: float) -> float:
+        """Until every expected id is answered or `timeout` s pass; returns when it stopped (epoch s)."""
+        deadline = time.monotonic() + timeout
+        while not self.log.complete and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return time.time()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+        self.c.close()

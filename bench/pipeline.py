@@ -14,16 +14,22 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from bench.common import embedded_services, fresh_topics, write_section
-from pipeline.adapters.kafka import make_consumer, make_producer, poll_batch, produce, topics_of
+from bench.common import (
+    AnswerReader,
+    Run,
+    embedded_services,
+    fresh_topics,
+    missing_note,
+    run_ids,
+    summarize,
+    write_section,
+)
+from pipeline.adapters.kafka import make_producer, produce, topics_of
 from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 
@@ -51,63 +57,12 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-@dataclass
-class Run:
-    sent: int
-    answered: int
-    seconds: float
-    latencies_ms: list[float]
-
-    @property
-    def rate(self) -> float:
-        return self.answered / self.seconds if self.seconds else 0.0
-
-
-class AnswerTimer:
-    """Reads answers in a thread; records the read time per request id."""
-
-    def __init__(self, s: Settings, topic: str) -> None:
-        self.c = make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}", **{"fetch.wait.max.ms": 5})
-        self.c.subscribe([topic])
-        self.read_at: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> AnswerTimer:
-        deadline = time.monotonic() + 30
-        while not self.c.assignment() and time.monotonic() < deadline:  # joined before the clock starts
-            self.c.poll(0.1)
-        self._t.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            # poll_batch: consume(n, timeout) would wait out the timeout for n records, adding it to every latency
-            for m in poll_batch(self.c, 5000, 0.05):
-                if m.error() is None and m.value():
-                    now = time.time()
-                    key = m.key()
-                    rid = key.decode() if isinstance(key, bytes) else orjson.loads(m.value() or b"{}")["request_id"]
-                    self.read_at.setdefault(rid, now)
-
-    def wait(self, n: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.read_at) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._t.join(5)
-        self.c.close()
-
-
-def send(s: Settings, topic: str, n: int, rate: float | None, tag: str, with_id_key: bool = True) -> dict[str, float]:
-    """Send n requests (at `rate` msg/s, or flat out); return the send time per id (epoch s)."""
+def send(s: Settings, topic: str, ids: list[str], rate: float | None, with_id_key: bool = True) -> dict[str, float]:
+    """Send one request per id (at `rate` msg/s, or flat out); return the send time per id (epoch s)."""
     p = make_producer(s, **{"linger.ms": 1 if rate else 20})
     sent_at: dict[str, float] = {}
     t0 = time.monotonic()
-    for i in range(n):
-        rid = f"{tag}-{i}"
+    for i, rid in enumerate(ids):
         now = time.time()
         produce(p, topic, orjson.dumps({"id": rid, "text": TEXTS[i % len(TEXTS)]}), key=rid if with_id_key else None)
         sent_at[rid] = now
@@ -122,15 +77,19 @@ def send(s: Settings, topic: str, n: int, rate: float | None, tag: str, with_id_
 
 
 def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | None, timeout: float) -> Run:
-    """Send n requests to `topic_in` and time their answers on `topic_out`."""
-    timer = AnswerTimer(s, topic_out).start()
+    """Send n requests to `topic_in` and time their answers on `topic_out`.
+
+    Only this run's ids count (the topic may hold earlier runs' answers), and the wait lasts until
+    every one is answered or `timeout` s pass after sending; answers still missing then are reported
+    as missing (`Run.missing`), never left out of the percentiles silently.
+    """
+    ids = run_ids(n)
+    reader = AnswerReader(s, topic_out, ids).start()
     t0 = time.time()
-    sent_at = send(s, topic_in, n, rate, uuid.uuid4().hex[:6])
-    timer.wait(n, timeout)
-    timer.stop()
-    done = [timer.read_at[k] for k in sent_at if k in timer.read_at]
-    lat = [(timer.read_at[k] - t) * 1000 for k, t in sent_at.items() if k in timer.read_at]
-    return Run(n, len(done), (max(done) - t0) if done else 0.0, lat)
+    sent_at = send(s, topic_in, ids, rate)
+    gave_up_at = reader.wait(timeout)
+    reader.stop()
+    return summarize(sent_at, reader.log, t0, gave_up_at)
 
 
 def measure_bare(s: Settings, n: int, rate: float | None, timeout: float) -> Run:
@@ -206,8 +165,7 @@ def main() -> None:
             stack.stop()
 
     def row(name: str, r: Run, load: str) -> str:
-        p50, p95, p99 = percentiles(r.latencies_ms)
-        return f"| {name} | {load} | {r.answered}/{r.sent} | {r.rate:,.0f} | {p50:.1f} | {p95:.1f} | {p99:.1f} |"
+        return f"| {name} | {load} | {r.answered}/{r.sent} | {r.rate:,.0f} | " + " | ".join(r.cells()) + " |"
 
     rows = [
         "| path | offered load | answered | msg/s | p50 ms | p95 ms | p99 ms |",
@@ -218,20 +176,27 @@ def main() -> None:
         row("pipeline, echo model", echo_fixed, f"{fixed_rate:.0f} msg/s"),
         row("pipeline, packaged models", real_fixed, f"{real_rate:.0f} msg/s"),
     ]
-    added = percentiles(echo_fixed.latencies_ms)[2] - percentiles(bare_fixed.latencies_ms)[2]
+    echo_p99, bare_p99 = echo_fixed.percentiles([99])[0], bare_fixed.percentiles([99])[0]
+    added = (f"{echo_p99 - bare_p99:.1f} ms" if echo_p99 is not None and bare_p99 is not None
+             else "not known (answers missing)")
     mem_rows = "\n".join(f"| {k} | {v:.0f} |" for k, v in mem.items())
     growth_rows = "\n".join(
-        f"| {(i + 1) * n_fixed:,} | {r.answered}/{r.sent} | "
-        + (" | ".join(f"{x:.1f}" for x in percentiles(r.latencies_ms)) if r.latencies_ms else "— | — | —") + " |"
+        f"| {(i + 1) * n_fixed:,} | {r.answered}/{r.sent} | " + " | ".join(r.cells()) + " |"
         for i, r in enumerate(growth))
+    missing = missing_note({"bare flat out": bare_flat, "echo flat out": echo_flat, "bare fixed": bare_fixed,
+                            "echo fixed": echo_fixed, "models fixed": real_fixed,
+                            **{f"log window {i + 1}": r for i, r in enumerate(growth)}})
     body = (
-        "Latency is measured from the producer's send to the answer read by a consumer. Processes: ingest, "
+        "Latency is measured from the producer's send to the answer read by a consumer. Request ids are unique "
+        "to a run and the reader starts at the topic's end, so a run counts only its own answers and waits "
+        "for every one of them: the percentiles are over all of its answers. Processes: ingest, "
         f"{args.light_workers} light, one heavy and one multimodal worker, each its own process, on the embedded "
         "tansu broker; the producer and the consumer run in the benchmark process on the same 2 cores. Under "
         "the flat-out load ingest's health check may degrade heavy-bound requests to light (heavy lag), as in "
         f"production. Each run has topics of its own; the fixed-load runs last {fixed_s:.0f} s.\n\n"
         + "\n".join(rows)
-        + f"\n\nAdded p99 over the bare broker at {fixed_rate:.0f} msg/s (echo model): {added:.1f} ms. "
+        + (f"\n\n{missing}" if missing else "")
+        + f"\n\nAdded p99 over the bare broker at {fixed_rate:.0f} msg/s (echo model): {added}. "
         f"1-minute load average at the end: {os.getloadavg()[0]:.1f} (above ~2 other work shared the 2 cores and "
         "every hop's broker round trip waited for CPU).\n\n"
         "Peak RSS per process type (MB):\n\n| process | peak RSS MB |\n|---|---:|\n" + mem_rows + "\n\n"
