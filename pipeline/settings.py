@@ -155,6 +155,9 @@ class TierSection(Section):
     max_wait_ms: float
     model: str
     device: str
+    wait: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="adaptive: wait up to max_wait_ms for a fuller batch only while the broker holds "
+                                "more records for this worker (a lone message goes at once); fixed: always wait")
 
     @property
     def max_wait_s(self) -> float:

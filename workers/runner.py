@@ -129,6 +129,7 @@ class Worker:
         self.topics = topics_of(settings)
         self.worker_id = worker_id or worker_id_of(tier)
         self.max_batch, self.max_wait_s = settings.batching(tier.value)
+        self.adaptive_wait = settings.tier(tier.value).wait == "adaptive"
         self.r = r or make_redis(settings)
         self.group = settings.group(f"workers-{tier.value}")
         self.consumer = make_member(settings, self.group)
@@ -260,7 +261,7 @@ class Worker:
             if n:
                 return n
         live = collect_batch(self.consumer, self.max_batch, self.max_wait_s, self.backfill.idle_wait_s(0.1),
-                             first=live)
+                             first=live, adaptive=self.adaptive_wait)
         if not live:
             self.lag = lag_of(self.consumer)
             return 0
