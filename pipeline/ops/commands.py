@@ -452,7 +452,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 # feedback last: its section compares the agent with the pipeline rates the others just recorded
-BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "sustained", "durability", "feedback")
+BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "sustained", "durability", "peers",
+           "feedback")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -468,7 +469,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHES)}")
     failed = []
     for name in chosen:
-        if not (root / "bench" / f"{name}.py").exists():
+        if not (root / "bench" / f"{name}.py").exists() and not (root / "bench" / name / "__main__.py").exists():
             print(f"== {name}: not present in this checkout, skipped", flush=True)
             continue
         argv = [sys.executable, "-m", f"bench.{name}", *(["--quick"] if args.quick else []),
