@@ -19,7 +19,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY = {
-    "ingest": (["--messages", "3000", "--rounds", "1"], "| ingest agent"),
+    "ingest": (["--messages", "3000", "--rounds", "1", "--codecs", "lz4"], "| lz4 (default) |"),
+    # quix needs a virtualenv of its own (made with pip on first use): test_bench_peers runs both peers
+    "peers": (["--messages", "2000", "--rounds", "1", "--only", "tierflow,faust"], "faust: median"),
     "batching": (["--messages", "64", "--rounds", "1"], "| one at a time: msg/s | batched: msg/s |"),
     "feedback": (["--results", "3000", "--rounds", "1"], "| feedback agent, end to end |"),
     "pipeline": (["--flat", "600", "--seconds", "1"], "| pipeline, echo model | flat out |"),
