@@ -128,9 +128,9 @@ def work_us(msgs: list[bytes]) -> tuple[float, float]:
     decide = (time.perf_counter() - t0) / len(msgs) * 1e6
     t0 = time.perf_counter()
     for m in msgs:
-        d = fast_request(m)
-        assert d is not None
-        f = extract(d["text"], d.get("lang"), False, 0, False)
+        q = fast_request(m)
+        assert q is not None
+        f = extract(q["text"], q.get("lang"), False, 0, False)
         r = route(f, th.length_threshold)
         batch.dump(m, dumps(f), 0, RoutedBatch.route(r.tier, r.reason, r.degraded))
     full = (time.perf_counter() - t0) / len(msgs) * 1e6
