@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -127,3 +128,77 @@ def test_quick_run_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     for target in ("hybrid accuracy >= 93.5%", "CPT(95%) <= 12%", "above the random router",
                    "above the length-rule sweep", "controller with a 15% budget"):
         assert any(target in line and line.startswith(("PASS", "FAIL")) for line in out.splitlines()), target
+    # operating points: chosen on one half of the sample, measured on the other, compared as it holds
+    assert "seeded random half of the sample (validation: 300 messages, seed 7)" in out
+    assert "| most accurate with <= 20% heavy |" in out
+    peak = next(line for line in out.splitlines() if line.startswith("The most accurate cut on the validation half"))
+    assert any(w in peak for w in ("points above heavy-only", "points below heavy-only", "equal to heavy-only"))
+
+
+def test_split_halves_is_seeded_disjoint_and_complete() -> None:
+    val, test = q.split_halves(11, seed=3)
+    assert len(val) == 5 and len(test) == 6
+    assert sorted([*val, *test]) == list(range(11))
+    again, _ = q.split_halves(11, seed=3)
+    assert list(val) == list(again)
+    other, _ = q.split_halves(1000, seed=4)
+    assert list(other) != list(q.split_halves(1000, seed=5)[0])
+
+
+def test_threshold_sweep_gives_real_cuts_that_never_split_ties() -> None:
+    score = arr(0.9, 0.1, 0.1, 0.3)
+    ts, shares, accs = q.threshold_sweep(score, LIGHT, HEAVY)
+    assert list(ts) == [0.1, 0.3, 0.9, np.inf]
+    assert shares == pytest.approx([0.0, 0.5, 0.75, 1.0])  # the two 0.1 go heavy together
+    assert accs == pytest.approx([0.5, 0.75, 1.0, 0.75])
+    for t, h, a in zip(ts, shares, accs, strict=True):
+        assert q.at_threshold(score, LIGHT, HEAVY, float(t)) == pytest.approx((h, a))
+
+
+def test_operating_point_rules() -> None:
+    shares = arr(0.0, 0.1, 0.2, 0.3, 1.0)
+    accs = arr(0.90, 0.93, 0.93, 0.95, 0.94)
+    assert q.most_accurate(shares, accs, 0.2) == 1  # a tie: the smaller share
+    assert q.most_accurate(shares, accs) == 3
+    assert q.first_reaching(shares, accs, 0.93) == 1
+    assert q.first_reaching(shares, accs, 0.96) is None
+
+
+def test_operating_points_are_chosen_on_one_half_and_measured_on_the_other() -> None:
+    # On the validation half (set up below) escalating the 0.2-scored messages pays;
+    # on the other half those are the ones heavy gets wrong. Reading the best point off the measured
+    # data would report 100%; chosen on validation, the test half pays for it.
+    n = 40
+    score = np.tile(arr(0.2, 0.8), n // 2)
+    light = np.ones(n)
+    heavy = np.ones(n)
+    val, test = q.split_halves(n, seed=0)
+    light[val[score[val] == 0.2]] = 0.0  # validation: light wrong where unsure, heavy right
+    heavy[test[score[test] == 0.2]] = 0.0  # test: heavy wrong where light was unsure
+    lengths = np.full(n, 10, dtype=np.int64)
+    h = q.held_out(score, light, heavy, lengths, seed=0)
+    assert (h.n_val, h.n_test) == (20, 20)
+    p = h.peak
+    assert p.threshold == pytest.approx(0.8) and p.val_acc == 1.0
+    assert p.test_share == pytest.approx((score[test] < 0.8).mean())
+    assert p.test_acc == pytest.approx(1.0 - p.test_share)  # measured on test, not copied from validation
+    assert h.test_heavy < 1.0 == h.test_light
+    assert q.compare(p.test_acc, h.test_heavy) == "equal to"
+    assert q.compare(0.95, 0.94) == "1.00 points above"
+    assert q.compare(0.93, 0.94) == "1.00 points below"
+
+
+def test_report_says_below_heavy_only_when_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a data set where the cascade never beats heavy-only: no "above heavy-only" claim
+    rng = np.random.default_rng(0)
+    n = 400
+    heavy = np.ones(n)
+    light = (rng.random(n) < 0.8).astype(np.float64)
+    score = rng.random(n)  # an uninformative score
+    lengths = rng.integers(10, 100, n)
+    h = q.held_out(score, light, heavy, lengths.astype(np.int64), seed=1)
+    ev = SimpleNamespace(held=h, curves={"confidence": q.cascade_curve(light, heavy, score)}, n=n)
+    text = "\n".join(q._held_out_lines(ev, quick=False))  # type: ignore[arg-type]
+    assert "above heavy-only" not in text
+    assert "below heavy-only" in text or "equal to heavy-only" in text
+    assert "validation: 200 messages, seed 1" in text
