@@ -176,6 +176,10 @@ class HeavyTier(TierSection):
     max_wait_ms: float = 20.0
     model: str = "minilm"
     device: str = Field("auto", description="'auto': cuda when present, else cpu (said in the log)")
+    runtime: Literal["auto", "torch", "onnx", "onnx-int8"] = Field(
+        "auto", description="what runs the heavy encoder: torch (CPU or GPU), or on a CPU ONNX Runtime over an "
+                            "export cached under data_dir/models (onnx: fp32; onnx-int8: int8 weights); 'auto': "
+                            "torch on a GPU, onnx on a CPU")
     generator: str | None = Field(None, description="'smollm2', 'http' or a local causal-LM path")
 
 

