@@ -144,6 +144,25 @@ def test_the_default_light_model_is_the_shops(shop_light: CharNgramClassifier) -
     assert "1-year" in preds[0].answer and preds[2].answer.startswith("Order 58213: ")
 
 
+# What a new user types first: `tierflow up` prints the first, the README the second; both are order questions.
+FRONT_DOOR = ["where is my order?", "where is my order 58213?"]
+
+
+def test_the_front_door_examples_are_order_questions_to_both_tiers(shop_light: CharNgramClassifier) -> None:
+    """Light answers them itself, confidently (no escalation), and heavy agrees: before the short everyday lines,
+    light gave track_order 0.45 and heavy, after the escalation, place_order."""
+    from workers.models.encoder import EncoderClassifier
+
+    heavy = EncoderClassifier.from_settings(Settings(), Tier.HEAVY)
+    heavy.setup("cpu")
+    items = [Item(t) for t in FRONT_DOOR]
+    for model in (shop_light, heavy):
+        preds = model.predict(items)
+        assert [p.intent for p in preds] == ["track_order"] * len(items), model.name
+        assert min(p.confidence for p in preds) >= 0.5, [p.confidence for p in preds]
+        assert not any(p.small_talk for p in preds)
+
+
 def test_a_pack_s_out_of_scope_and_chitchat_lines_train_their_classes(tmp_path: Path) -> None:
     """Lines named under `out_of_scope` / `chitchat` are trained as `oos` / `chitchat` whatever their rows say;
     off-topic text scores high (the oos class takes its mass), and small talk scores 0 and gets its reply."""
