@@ -53,11 +53,14 @@ def behind(consumer: Consumer, msgs: list[Message]) -> bool:
 
     Reads the high watermarks librdkafka cached from fetch responses: no broker round trip.
     """
-    ends: dict[tuple[str, int], int] = {}
+    ends: dict[tuple[str | None, int | None], int] = {}
     for m in msgs:
-        if m.error() is None:
-            ends[(m.topic(), m.partition())] = m.offset() + 1  # type: ignore[arg-type,operator]
+        offset = m.offset()
+        if m.error() is None and offset is not None:
+            ends[(m.topic(), m.partition())] = offset + 1
     for (topic, partition), nxt in ends.items():
+        if topic is None or partition is None:
+            continue
         try:
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
         except KafkaException:
