@@ -65,7 +65,7 @@ def outputs(s: Settings, msgs: list[bytes]) -> dict[bytes, tuple[str, bytes]]:
         assert d is not None, "the bench's requests are plain text requests"
         feats = features.extract_fields(d["text"], d.get("lang"), False, 0, False)
         r = route(feats, th.length_threshold, HEALTHY)
-        value = batch.dump(raw, orjson.dumps(feats), now_ms, RoutedBatch.route(r.tier, r.reason, r.degraded))
+        value = batch.dump(raw, RoutedBatch.features(feats), now_ms, RoutedBatch.route(r.tier, r.reason, r.degraded))
         out[raw] = (topics.tier(r.tier), value)
     return out
 
@@ -120,7 +120,7 @@ def work_us(msgs: list[bytes]) -> tuple[float, float]:
     (parse and validate, features, rules, the routed record)."""
     th = Thresholds()
     batch = RoutedBatch(th.version, th.escalate_below, 0, th.abstain_above, th.handover_above)
-    extract, dumps = features.extract_fields, orjson.dumps
+    extract = features.extract_fields
     parsed = [d for d in map(fast_request, msgs) if d is not None]
     t0 = time.perf_counter()
     for d in parsed:
@@ -132,7 +132,7 @@ def work_us(msgs: list[bytes]) -> tuple[float, float]:
         assert q is not None
         f = extract(q["text"], q.get("lang"), False, 0, False)
         r = route(f, th.length_threshold)
-        batch.dump(m, dumps(f), 0, RoutedBatch.route(r.tier, r.reason, r.degraded))
+        batch.dump(m, RoutedBatch.features(f), 0, RoutedBatch.route(r.tier, r.reason, r.degraded))
     full = (time.perf_counter() - t0) / len(msgs) * 1e6
     return decide, full
 

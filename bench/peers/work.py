@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import orjson
-
 from pipeline.contracts.models import decode_request
 from pipeline.contracts.records import RoutedBatch, dump_routed, fast_request, routed_fields
 from pipeline.contracts.topics import Tier
@@ -101,7 +99,7 @@ class Router:
         feats = features.extract_fields(d["text"], d.get("lang"), False, 0, user_id in self.vips)
         r = route(feats, self.spec.length_threshold)
         topic, route_json = self._dests.get(r) or self._dest(r)
-        value = self._batch.dump(raw, orjson.dumps(feats), timestamp_ms if timestamp_ms > 0 else
+        value = self._batch.dump(raw, RoutedBatch.features(feats), timestamp_ms if timestamp_ms > 0 else
                                  (d.get("ts") or now_ms), route_json)
         return Outgoing(topic, key or (user_id or d["id"]).encode(), value, r.tier)
 

@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-import orjson
 import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -268,7 +267,8 @@ class Ingest:
         errors = 0
         env = _Envelope(th, now_ms, self._tier_topics)
         vips, length, fast_ok = self.cache.vips, th.length_threshold, th.shadow_rate <= 0
-        extract, dumps, dests, produce_ = features.extract_fields, orjson.dumps, env.dests, self.producer.produce
+        extract, features_json, dests, produce_ = features.extract_fields, RoutedBatch.features, env.dests, \
+            self.producer.produce
         dump = env.batch.dump
         for msg in msgs:
             if msg.error() is not None:
@@ -286,7 +286,8 @@ class Ingest:
                 r = route(feats, length, health)
                 topic, route_json = dests.get(r) or env.dest(r)
                 ts_type, ts = msg.timestamp()
-                value = dump(raw, dumps(feats), ts if ts_type and ts > 0 else (d.get("ts") or now_ms), route_json)
+                received = ts if ts_type and ts > 0 else (d.get("ts") or now_ms)
+                value = dump(raw, features_json(feats), received, route_json)
                 key = msg.key() or (user_id or d["id"]).encode()
                 try:
                     produce_(topic, value, key)

@@ -153,6 +153,13 @@ def dump_routed(raw_request: bytes, fields: RoutedFields) -> bytes:
     return b'{"request":' + raw_request + b"," + orjson.dumps(fields)[1:]
 
 
+_FEATURES_JSON = (b'{"chars":%d,"tokens":%d,"script":%b,"lang":%b,"has_image":%b,"image_bytes":%d,"vip":%b,'
+                  b'"question":%b,"complaint":%b,"urgent":%b}')
+_JSON_BOOL = (b"false", b"true")  # indexed by a bool
+_SCRIPT_JSON = {s: orjson.dumps(s) for s in get_args(Script)}
+_LANG_JSON = {s: orjson.dumps(s) for s in ("en", "zh", "other", "ja", "ko", "fr", "de", "es")}
+
+
 class RoutedBatch:
     """The routed record's writer on ingest's hot path: `dump_routed` for one batch, pre-serialised, so that per
     message only the request's bytes, its features and received_ms are joined (tests check both agree)."""
@@ -169,6 +176,16 @@ class RoutedBatch:
     def route(tier: Tier, route_reason: str, degraded: bool) -> bytes:
         """A route's fields, serialised once per batch and route."""
         return orjson.dumps({"tier": tier, "route_reason": route_reason, "degraded": degraded})[1:-1] + b","
+
+    @staticmethod
+    def features(f: Features) -> bytes:
+        """`orjson.dumps(f)` for a Features dict in its declared key order, a quarter of its cost: one bytes
+        formatting with the usual strings pre-encoded (tests check both agree, whatever the values)."""
+        lang = f["lang"]
+        return _FEATURES_JSON % (f["chars"], f["tokens"], _SCRIPT_JSON.get(f["script"]) or orjson.dumps(f["script"]),
+                                 _LANG_JSON.get(lang) or orjson.dumps(lang), _JSON_BOOL[f["has_image"]],
+                                 f["image_bytes"], _JSON_BOOL[f["vip"]], _JSON_BOOL[f["question"]],
+                                 _JSON_BOOL[f["complaint"]], _JSON_BOOL[f["urgent"]])
 
     def dump(self, raw_request: bytes, features_json: bytes, received_ms: int, route: bytes) -> bytes:
         return b"".join((b'{"request":', raw_request, b',"features":', features_json, b',"received_ms":',

@@ -5,7 +5,7 @@ takes, both take, value for value)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import pytest
@@ -24,6 +24,7 @@ from pipeline.contracts.models import (
 from pipeline.contracts.records import (
     Features,
     RoutedBatch,
+    Script,
     answer,
     answer_of,
     dump_answer_and_result,
@@ -127,6 +128,21 @@ def test_ingests_two_writers_write_the_same_record() -> None:
     slow = dump_routed(RAW, routed_fields(FEATURES, Tier.HEAVY, "long", True, 7, 0.55, 1, 2))
     assert _check_routed(fast) == _check_routed(slow)
     assert fast_routed(fast) == fast_routed(slow) == orjson.loads(slow)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chars=st.integers(0, 10**7), tokens=st.integers(0, 10**6), script=st.sampled_from(get_args(Script)),
+       lang=st.one_of(st.sampled_from(["en", "zh", "other"]), st.text(max_size=16)), flags=st.lists(st.booleans(),
+       min_size=5, max_size=5), image_bytes=st.integers(0, 10**7))
+def test_the_features_writer_is_orjson_whatever_the_values(chars: int, tokens: int, script: Script, lang: str,
+                                                           flags: list[bool], image_bytes: int) -> None:
+    """A producer's `lang` hint can hold quotes, backslashes or any character: still the same bytes as orjson."""
+    has_image, vip, question, complaint, urgent = flags
+    f: Features = {"chars": chars, "tokens": tokens, "script": script, "lang": lang, "has_image": has_image,
+                   "image_bytes": image_bytes, "vip": vip, "question": question, "complaint": complaint,
+                   "urgent": urgent}
+    assert list(f) == list(Features.__annotations__)
+    assert RoutedBatch.features(f) == orjson.dumps(f)
 
 
 def test_a_replayed_record_is_marked_and_still_takes_the_fast_path() -> None:
