@@ -22,6 +22,7 @@ thresholds. Its knobs are `settings.feedback` (`pipeline.settings.FeedbackSectio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -363,7 +364,10 @@ def _pace_fetches(consumer: Any, pause_s: float) -> None:
         async def paced(assignment: Any, node_id: Any, request: Any) -> bool:
             got = bool(await proc(assignment, node_id, request))
             if not got:
-                await asyncio.sleep(pause_s)
+                # Closing cancels this task, then awaits it: a CancelledError out of the pause would crash the
+                # consumer thread's shutdown and the agent would hang until killed.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(pause_s)
             return got
 
         fetcher._proc_fetch_request = paced
