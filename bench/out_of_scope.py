@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import write_section
+from pipeline.core.thresholds import Thresholds
 from workers.domains import CHITCHAT, OUT_OF_SCOPE, Domain, load_domain
 from workers.models.common import Scoped, scoped
 from workers.training.config import TrainConfig
@@ -230,6 +231,7 @@ class PackResult:
     counts: dict[str, int]
     rows: list[tuple[str, str, Point, Point, float]]  # (model, mode, today's, with oos, today's in-scope acc)
     groups: dict[str, tuple[int, float]]  # the cascade's hand-overs per kind of message: (messages, share)
+    defaults: Point  # the cascade at the product's default thresholds, on the reporting half
 
 
 def kept(root: Path, which: str) -> Path:
@@ -260,11 +262,13 @@ def run_pack(name: str, models: tuple[str, ...], keep: Path | None, reuse: Path 
         rows.append((name, mode, evaluate(today, sets, report, mode, t_point.abstain_above, t_point.handover_above),
                      evaluate(new, sets, report, mode, n_point.abstain_above, n_point.handover_above), bar))
     point = rows[-1][3]
+    th = Thresholds()
+    defaults = evaluate(new, sets, report, "cascade", th.abstain_above, th.handover_above)
     groups = {name: (int(mask[report].sum()), handed_share(new, sets, report, mask, point))
               for name, mask in kinds(sets).items()}
     counts = {k: int((sets.kind[report] == k).sum()) for k in ("in", "unknown", "chitchat")}
     counts["unknown_held_out"] = int(((sets.kind == "unknown") & ~np.isin(sets.intent, [OUT_OF_SCOPE]))[report].sum())
-    return PackResult(name, held, counts, rows, groups)
+    return PackResult(name, held, counts, rows, groups, defaults)
 
 
 def kinds(sets: Sets) -> dict[str, np.ndarray]:
@@ -303,6 +307,11 @@ def render(results: Sequence[PackResult]) -> str:
             lines.append(f"| {r.domain} | {mode} | {bar:.2%} | {t.oos_recall:.1%} | {n.in_acc:.2%} | "
                          f"{n.oos_recall:.1%} | {n.chitchat:.1%} | {n.handover_share:.1%} | {thr} |")
     lines.append("")
+    for r in results:
+        d = r.defaults
+        lines.append(f"- {r.domain}, the cascade at the product's defaults (abstain above {d.abstain_above:.2f}, hand "
+                     f"over above {d.handover_above:.2f}): in-scope accuracy {d.in_acc:.2%}, oos recall "
+                     f"{d.oos_recall:.1%}, chit-chat answered {d.chitchat:.1%}, hand-overs {d.handover_share:.1%}.")
     for r in results:
         c = r.counts
         lines.append(f"- {r.domain}: held out {', '.join(r.held)}. Reporting half: {c['in']} in scope, "
