@@ -19,8 +19,17 @@ from pathlib import Path
 
 import orjson
 from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka.admin import NewTopic
 
-from pipeline.adapters.kafka import create_topics, make_consumer, poll_batch
+from pipeline.adapters.kafka import (
+    create_topics,
+    delete_topics,
+    make_admin,
+    make_consumer,
+    poll_batch,
+    specs_of,
+    topics_of,
+)
 from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
@@ -111,12 +120,29 @@ def embedded_services() -> Iterator[Settings]:
         stack.stop()
 
 
-def fresh_topics(base: Settings) -> Settings:
-    """`base` with new uuid-named topics (created) and Redis keys: each round starts empty."""
+def fresh_topics(base: Settings, backlog: bool = False) -> Settings:
+    """`base` with new uuid-named topics (created) and Redis keys: each round starts empty.
+
+    `backlog`: the requests topic keeps a whole run's backlog (1 GiB a partition). The embedded noida bounds every
+    topic to 1 MiB a partition: a loop reading a pre-filled backlog would find its oldest requests gone and wait
+    for them for ever."""
     tag = uuid.uuid4().hex[:6]
     s = base.updated(topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
+    if backlog:
+        spec = next(sp for sp in specs_of(s) if sp.name == topics_of(s).requests)
+        config = {**spec.config, "retention.bytes": str(1 << 30), "segment.bytes": str(16 << 20)}
+        admin = make_admin(s)  # held until the futures resolve: a dropped client fails them (_DESTROY)
+        for fut in admin.create_topics([NewTopic(spec.name, spec.partitions, spec.replication_factor,
+                                                 config=config)]).values():
+            fut.result()
     create_topics(s)
     return s
+
+
+def drop_topics(s: Settings) -> None:
+    """Delete a round's topics: noida re-serialises all it keeps on every write, so rounds left behind would slow
+    down every later one."""
+    delete_topics(s, topics_of(s).all(), timeout=30)
 
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 
 import orjson
 
-from bench.common import embedded_services, fresh_topics, write_section
+from bench.common import drop_topics, embedded_services, fresh_topics, write_section
 from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters
 from pipeline.adapters.kafka import DeliveryTracker, make_member, make_producer, poll_batch, produce, topics_of
@@ -159,7 +159,7 @@ def main() -> None:
         for codec in args.codecs.split(","):
             bare, ing = [], []
             for r in range(args.rounds):
-                s = fresh_topics(base).updated(kafka_compression=codec)
+                s = fresh_topics(base, backlog=True).updated(kafka_compression=codec)
                 t = topics_of(s)
                 table = outputs(s, msgs)  # this round's topic names
                 fill(s, t.requests, msgs)
@@ -171,6 +171,7 @@ def main() -> None:
                         ing.append(ingest_loop(s, len(msgs)))
                 print(f"{codec} round {r + 1} ({' then '.join(order)}): bare {bare[-1]:,.0f} msg/s, "
                       f"ingest {ing[-1]:,.0f} msg/s")
+                drop_topics(s)
             rows.append((codec, statistics.median(bare), statistics.median(ing)))
     in_bytes = statistics.mean(len(m) for m in msgs)
     share = ", ".join(f"{n / len(msgs):.0%} {tier}" for tier, n in sorted(sizes.items()))

@@ -32,19 +32,17 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
-from confluent_kafka.admin import NewTopic
 
-from bench.common import ROOT, embedded_services, write_section
+from bench.common import ROOT, embedded_services, fresh_topics, write_section
 from bench.ingest import fill, requests
 from bench.peers.work import Spec
-from pipeline.adapters.kafka import Tail, create_topics, delete_topics, make_admin, specs_of, topics_of
+from pipeline.adapters.kafka import Tail, delete_topics, topics_of
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.topics import Tier
@@ -173,21 +171,6 @@ def produced(s: Settings) -> Counter[str]:
     return out
 
 
-def fresh(base: Settings) -> Settings:
-    """`base` with new uuid-named topics, created; the requests topic keeps a whole run's backlog (the embedded
-    noida bounds every topic to 1 MiB per partition: a slow runner would find its oldest requests gone)."""
-    tag = uuid.uuid4().hex[:6]
-    s = base.updated(topic_prefix=f"p{tag}.", redis_prefix=f"p{tag}:")
-    spec = next(sp for sp in specs_of(s) if sp.name == topics_of(s).requests)
-    config = {**spec.config, "retention.bytes": str(1 << 30), "segment.bytes": str(16 << 20)}
-    admin = make_admin(s)
-    for fut in admin.create_topics([NewTopic(spec.name, spec.partitions, spec.replication_factor,
-                                             config=config)]).values():
-        fut.result()
-    create_topics(s)
-    return s
-
-
 def run_once(base: Settings, runner: str, msgs: list[bytes], quix: str,
              check: Callable[[dict[str, list[tuple[bytes | None, bytes | None]]]], None] | None = None,
              prepare: Callable[[Settings], None] | None = None) -> tuple[dict[str, Any], Counter[str]]:
@@ -196,7 +179,7 @@ def run_once(base: Settings, runner: str, msgs: list[bytes], quix: str,
     `prepare`, when given, is called with the run's settings before the runner starts (to set VIPs, thresholds);
     `check` with every record of the output topics (read back: a small run, under the embedded broker's retention).
     """
-    s = fresh(base)
+    s = fresh_topics(base, backlog=True)
     if prepare is not None:
         prepare(s)
     try:
