@@ -21,12 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from bench.common import embedded_services, fresh_topics, missing_note, tail_percentiles, write_section
-from bench.pipeline import TEXTS, measure, start_pipeline
+from bench.pipeline import measure, start_pipeline
 from pipeline.adapters.kafka import topics_of
 from pipeline.contracts.topics import Tier
 from pipeline.core import features
 from pipeline.settings import Settings
 from workers.model import InferenceModel, Item
+
+# The default pack's (e-commerce) customer messages, English and Chinese, two of six over 50 characters. Not
+# bench.pipeline's banking texts: the shop's models rightly judge those out of scope and hand them to heavy.
+TEXTS = ["where is my order?", "how much does the 128GB model cost?", "我想退货退款",
+         "My phone screen cracked after two days and the seller refuses to repair it under warranty",
+         "怎么修改收货地址？", "I was charged twice for the same order yesterday, please refund one of the payments"]
 
 
 class ArticleService:
@@ -131,16 +137,17 @@ def main() -> None:
         stack, _ = start_pipeline(s, {}, light_workers=1)
         try:
             t = topics_of(s)
-            tf_flat = measure(s, t.requests, t.answers, n * 5, None, 600)
-            tf_fixed = measure(s, t.requests, t.answers, int(args.rate * seconds), args.rate, 300)
+            tf_flat = measure(s, t.requests, t.answers, n * 5, None, 600, texts=TEXTS)
+            tf_fixed = measure(s, t.requests, t.answers, int(args.rate * seconds), args.rate, 300, texts=TEXTS)
         finally:
             stack.stop()
     art_cells = " | ".join(f"{v:.1f}" for v in tail_percentiles(art_lat, 0) if v is not None)  # all answered
     long, share = long_share(TEXTS, ArticleService.LENGTH_THRESHOLD)
     missing = missing_note({"tierflow flat out": tf_flat, "tierflow fixed load": tf_fixed})
     body = (
-        f"Same packaged models, same messages (the {len(TEXTS)} texts of bench.pipeline in turn, English and "
-        f"Chinese; {long} of {len(TEXTS)}, {share:.0%} of the traffic, over {ArticleService.LENGTH_THRESHOLD} "
+        f"Same packaged models (the default e-commerce pack), same messages ({len(TEXTS)} shop customer messages "
+        f"in turn, English and Chinese; {long} of {len(TEXTS)}, {share:.0%} of the traffic, over "
+        f"{ArticleService.LENGTH_THRESHOLD} "
         "characters, which the article's rule sends to the large model), same 2 cores. Each tierflow run waits "
         "for every one of its own answers; its percentiles are over all of them.\n\n"
         "| system | throughput flat out (msg/s) | load | p50 ms | p95 ms | p99 ms |\n|---|---:|---|---:|---:|---:|\n"

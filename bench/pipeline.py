@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -57,14 +58,17 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def send(s: Settings, topic: str, ids: list[str], rate: float | None, with_id_key: bool = True) -> dict[str, float]:
-    """Send one request per id (at `rate` msg/s, or flat out); return the send time per id (epoch s)."""
-    p = make_producer(s, **{"linger.ms": 1 if rate else 20})
+def send(s: Settings, topic: str, ids: list[str], rate: float | None, with_id_key: bool = True,
+         texts: Sequence[str] = TEXTS) -> dict[str, float]:
+    """Send one request per id, `texts` in turn (at `rate` msg/s, or flat out); return the send time per id (epoch s).
+
+    At a rate each request leaves at once (linger 0), as a client calling a service would send it."""
+    p = make_producer(s, **{"linger.ms": 0 if rate else 20})
     sent_at: dict[str, float] = {}
     t0 = time.monotonic()
     for i, rid in enumerate(ids):
         now = time.time()
-        produce(p, topic, orjson.dumps({"id": rid, "text": TEXTS[i % len(TEXTS)]}), key=rid if with_id_key else None)
+        produce(p, topic, orjson.dumps({"id": rid, "text": texts[i % len(texts)]}), key=rid if with_id_key else None)
         sent_at[rid] = now
         if i % 500 == 0:
             p.poll(0)
@@ -76,7 +80,8 @@ def send(s: Settings, topic: str, ids: list[str], rate: float | None, with_id_ke
     return sent_at
 
 
-def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | None, timeout: float) -> Run:
+def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | None, timeout: float,
+            texts: Sequence[str] = TEXTS) -> Run:
     """Send n requests to `topic_in` and time their answers on `topic_out`.
 
     Only this run's ids count (the topic may hold earlier runs' answers), and the wait lasts until
@@ -86,7 +91,7 @@ def measure(s: Settings, topic_in: str, topic_out: str, n: int, rate: float | No
     ids = run_ids(n)
     reader = AnswerReader(s, topic_out, ids).start()
     t0 = time.time()
-    sent_at = send(s, topic_in, ids, rate)
+    sent_at = send(s, topic_in, ids, rate, texts=texts)
     gave_up_at = reader.wait(timeout)
     reader.stop()
     return summarize(sent_at, reader.log, t0, gave_up_at)
