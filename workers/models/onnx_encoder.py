@@ -90,6 +90,10 @@ class OnnxEncoder:
         options.log_severity_level = 3  # its start-up notes are not a worker's news
         if threads:
             options.intra_op_num_threads = threads
+        # ONNX Runtime's threads spin for work between runs by default. A worker shares its cores with the broker
+        # client, its batches' I/O, other workers and (embedded) the broker: idle threads must not burn them.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.path = Path(path)
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         # a graph quantised with another opset or exported by hand: say so now, not on the first message
