@@ -335,6 +335,7 @@ class Scored:
     light_batch: int
     heavy_batch: int
     torch_threads: int
+    heavy_runtime: str = "torch"  # what ran the heavy encoder (TIERFLOW_HEAVY_RUNTIME as setup resolved it)
 
 
 def _batched(fn: Callable[[Sequence[str]], Any], texts: Sequence[str], size: int) -> tuple[FloatArray, float]:
@@ -368,7 +369,7 @@ def score_models(texts: Sequence[str], heavy_passes: int = 1) -> Scored:
     for _ in range(heavy_passes - 1):
         heavy_ms = min(heavy_ms, _batched(heavy.probabilities, texts, s.heavy.max_batch)[1])
     return Scored(light.labels, light_probs, heavy_probs, light_ms, heavy_ms, s.light.max_batch,
-                  s.heavy.max_batch, torch.get_num_threads())
+                  s.heavy.max_batch, torch.get_num_threads(), heavy.served_runtime)
 
 
 # --------------------------------------------------------------------------- the controller replay
@@ -678,8 +679,8 @@ def report(ev: Evaluation, png: Path, quick: bool) -> str:
             else f"all {ev.n:,} BANKING77 test messages (PolyAI, CC-BY-4.0)")
     lines = [
         f"Data: {data}. Models: the packaged artefacts, light = char n-gram linear model, heavy = MiniLM "
-        "(top layer tuned) fused with the n-gram model, both on the CPU "
-        f"(torch {sc.torch_threads} threads). Load average while measuring: {os.getloadavg()[0]:.1f}.",
+        f"(top layer tuned) fused with the n-gram model, both on the CPU (heavy encoder on {sc.heavy_runtime}; "
+        f"{sc.torch_threads} threads). Load average while measuring: {os.getloadavg()[0]:.1f}.",
         "",
         f"Light only **{al:.2%}**, heavy only **{ah:.2%}** (gap {100 * (ah - al):.2f} points); "
         f"an oracle picking the right tier per message would get "
