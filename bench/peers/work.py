@@ -42,12 +42,13 @@ class Spec:
     tiers: dict[str, str]  # Tier value -> topic
     dlq: str
     messages: int
-    threshold_version: int = 1
-    length_threshold: int = 50
-    escalate_below: float = 0.5
-    abstain_above: float = 0.25
-    handover_above: float = 0.5
-    max_message_bytes: int = 1_048_576
+    # the thresholds document and settings the agent would read (one place: pipeline/core/thresholds.py)
+    threshold_version: int
+    length_threshold: int
+    escalate_below: float
+    abstain_above: float
+    handover_above: float
+    max_message_bytes: int
     vips: tuple[str, ...] = ()
 
     def dumps(self) -> str:
