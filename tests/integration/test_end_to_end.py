@@ -52,13 +52,13 @@ MALFORMED: list[bytes | None] = [
 
 
 def valid_requests(n: int) -> list[dict[str, object]]:
-    texts = [
-        "My card has not arrived yet",
-        "How do I change my PIN?",
-        "I was charged twice for the same purchase at the supermarket yesterday, please refund one of them now",
-        "我的卡还没到",
-        "为什么我的转账还没有到账？已经三天了，请帮我查一下是怎么回事，谢谢。",
-        "What is the exchange rate?",
+    texts = [  # the default pack's (a shop's) customer messages: another domain's are out of scope, handed over
+        "where is my order?",
+        "How do I reset my password?",
+        "I was charged twice for the same order yesterday, please refund one of the payments right now",
+        "我想退货退款",
+        "我上周买的手机屏幕坏了，商家说不在保修范围内，我应该怎么办？请尽快帮我处理一下，谢谢。",
+        "can I pay with paypal?",
     ]
     out: list[dict[str, object]] = []
     for i in range(n):
@@ -166,7 +166,7 @@ def test_unsure_light_answers_escalate_to_heavy(
                                                                          escalate_below=0.999, abstain_above=1.0)
     start_pipeline(s, running, packaged_models)
     answers_c, results_c = reader(s, t.answers), reader(s, t.results)
-    reqs = [{"id": f"esc-{i}", "text": text} for i, text in enumerate(["card?", "hmm my thing", "exchange", "我的卡"])]
+    reqs = [{"id": f"esc-{i}", "text": text} for i, text in enumerate(["card?", "order thing", "exchange", "我的卡"])]
     produce_all(s, t.requests, [orjson.dumps(r) for r in reqs])
     answers = values(drain(answers_c, lambda ms: len(ms) >= 4, timeout=120, settle=1.0))
     results = values(drain(results_c, lambda ms: len(ms) >= 8, timeout=60, settle=1.0))
