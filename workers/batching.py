@@ -27,16 +27,10 @@ def collect_batch(consumer: Consumer, max_size: int, max_wait_s: float, idle_tim
     deadline = time.monotonic() + max_wait_s
     last = first
     while len(batch) < max_size:
-        if adaptive:
-            more = consumer.consume(max_size - len(batch), 0)
-            if not more:
-                if not behind(consumer, last):
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                more = consumer.consume(max_size - len(batch), left)
-        else:
+        more = consumer.consume(max_size - len(batch), 0) if adaptive else []
+        if not more:
+            if adaptive and not behind(consumer, last):
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
