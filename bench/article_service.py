@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from bench.common import embedded_services, fresh_topics, missing_note, tail_percentiles, write_section
+from bench.common import SHOP_TEXTS, embedded_services, fresh_topics, missing_note, tail_percentiles, write_section
 from bench.pipeline import measure, start_pipeline
 from pipeline.adapters.kafka import topics_of
 from pipeline.contracts.topics import Tier
@@ -30,9 +30,7 @@ from workers.model import InferenceModel, Item
 
 # The default pack's (e-commerce) customer messages, English and Chinese, two of six over 50 characters. Not
 # bench.pipeline's banking texts: the shop's models rightly judge those out of scope and hand them to heavy.
-TEXTS = ["where is my order?", "how much does the 128GB model cost?", "我想退货退款",
-         "My phone screen cracked after two days and the seller refuses to repair it under warranty",
-         "怎么修改收货地址？", "I was charged twice for the same order yesterday, please refund one of the payments"]
+TEXTS = SHOP_TEXTS
 
 
 class ArticleService:

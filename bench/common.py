@@ -36,6 +36,13 @@ from pipeline.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 
+# The default (shop) pack's own customer messages, a third Chinese and a third over 50 characters: what the
+# product benches send, so each message is in scope for the models that answer it.
+SHOP_TEXTS = ["where is my order?", "how much does the 128GB model cost?", "我想退货退款",
+              "My phone screen cracked after two days and the seller refuses to repair it under warranty",
+              "怎么修改收货地址？",
+              "I was charged twice for the same order yesterday, please refund one of the payments"]
+
 
 def machine() -> str:
     """Cores, CPU model, memory and GPU (if any), in one line."""

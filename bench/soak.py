@@ -21,8 +21,9 @@ from pathlib import Path
 
 import orjson
 
+from bench.common import SHOP_TEXTS as TEXTS
 from bench.common import write_section
-from bench.pipeline import TEXTS, percentiles
+from bench.pipeline import percentiles
 from bench.sustained import cpu_seconds, rss_mib
 from pipeline.adapters.kafka import Tail, make_producer, produce, topics_of
 from pipeline.ops.devstack import free_port

@@ -29,8 +29,9 @@ from typing import cast
 import orjson
 from confluent_kafka.admin import NewTopic
 
+from bench.common import SHOP_TEXTS as TEXTS
 from bench.common import fresh_topics, write_section
-from bench.pipeline import ECHO, TEXTS, percentiles, start_pipeline
+from bench.pipeline import ECHO, percentiles, start_pipeline
 from pipeline.adapters.brokers import BrokerName
 from pipeline.adapters.kafka import Tail, make_admin, make_consumer, make_producer, produce, topics_of
 from pipeline.ops.devstack import Stack, free_port
