@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
-from pipeline.ops import commands, up
+from pipeline.ops import commands, models, up
 from pipeline.ops.commands import BENCHES, interrupted, settings_of, setup_logging
 
 Command = Callable[[argparse.Namespace], int]
@@ -34,6 +34,8 @@ COMMANDS: dict[str, Command] = {
     "status": commands.cmd_status,
     "report": commands.cmd_report,
     "train": commands.cmd_train,
+    "learn": models.cmd_learn,
+    "models": models.cmd_models,
 }
 
 
@@ -122,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--idle", type=float, default=0.0,
                         help="without --follow: once every existing one is printed, wait this many seconds more (0)")
 
-
     sp = add("thresholds", "Show, change, pin, list or roll back the routing thresholds.")
     tsub = sp.add_subparsers(dest="action", required=True)
     tsub.add_parser("show", help="print the current document")
@@ -202,6 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--models", help="comma list of: charngram, minilm, e5 (default: all)")
     sp.add_argument("--seed", type=int, help="sampling and initialisation seed (0)")
     sp.add_argument("--epochs", type=int, help="MiniLM fine-tuning epochs")
+
+    metrics_port(add("learn", "Run the trainer agent: the light model learns from heavy's answers and labels; a "
+                              "new version goes live only when it beats the live one on held-out traffic."))
+    sp = add("models", "The light model's versions: list, show, history, promote, rollback, submit a candidate.")
+    sp.add_argument("action", choices=["list", "show", "history", "promote", "rollback", "submit"])
+    sp.add_argument("version", nargs="?", help="show/promote/rollback: the version (rollback: default the parent)")
+    sp.add_argument("--reason", help="why, for the history (promote, rollback)")
+    sp.add_argument("--file", type=Path, help="submit: a charngram.npz to be judged like the trainer's own")
+    sp.add_argument("--last", type=int, help="history: only the last N events")
     return p
 
 

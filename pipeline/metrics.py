@@ -91,6 +91,12 @@ TIER_P95 = Gauge("tierflow_tier_latency_p95_seconds", "Windowed p95 end-to-end l
 BUILD = Info("tierflow_build", "The running build (exported as tierflow_build_info{version,commit} 1)")
 BROKER_ERRORS = Counter("tierflow_broker_errors_total", "Kafka client errors", ["component", "code"])
 REDIS_ERRORS = Counter("tierflow_redis_errors_total", "Redis errors", ["component"])
+# The trainer agent (pipeline/agents/trainer.py)
+LEARN_EXAMPLES = Counter("tierflow_learn_examples_total", "Examples offered to the trainer, by source and verdict "
+                         "(accepted, or why not: the poisoning guards among them)", ["source", "verdict"])
+LEARN_TRAININGS = Counter("tierflow_learn_trainings_total", "Light model retrainings, by outcome", ["outcome"])
+LEARN_DECISIONS = Counter("tierflow_learn_decisions_total", "Light model versions promoted, rejected or rolled back",
+                          ["action"])
 SKIPPED = Counter("tierflow_skipped_total", "Records skipped: neither processable nor writable to the DLQ, even cut",
                   ["stage", "kind"])
 DELIVERY_FAILED = Counter("tierflow_delivery_failed_total", "Produced records the broker did not accept",

@@ -263,6 +263,37 @@ class FeedbackSection(Section):
                                 "sets it)")
 
 
+class LearnSection(Section):
+    """The trainer agent (`tierflow learn`, pipeline/agents/trainer.py): the light model learns from heavy's answers
+    and from labels, and a candidate replaces the live model only on evidence."""
+
+    enabled: bool = Field(False, description="`tierflow up` starts the trainer agent")
+    hot_swap: bool = Field(True, description="light workers serve the version the live pointer in Redis names")
+    heavy_floor: float = Field(0.8, ge=0.0, le=1.0, description="a heavy answer is an example only this sure")
+    retrain_every: int = Field(500, ge=1, description="retrain after this many new training examples")
+    retrain_s: float = Field(600.0, gt=0, description="... or this long after the last training, with any new")
+    window: int = Field(50_000, ge=1, description="examples kept at most (oldest dropped first)")
+    window_s: float = Field(7 * 24 * 3600.0, gt=0, description="examples older than this are dropped; also how "
+                            "far back a starting trainer reads the topics")
+    per_user: int = Field(50, ge=1, description="examples one user may contribute in the window")
+    per_minute: int = Field(600, ge=1, description="examples accepted a minute at most")
+    holdout: float = Field(0.2, gt=0.0, lt=1.0, description="share of request ids kept for evaluation, never "
+                           "trained on")
+    margin: float = Field(0.0, ge=-1.0, le=1.0, description="the candidate's agreement with heavy minus the live "
+                          "model's: the 95% interval's lower bound must be above this")
+    label_margin: float = Field(-0.02, ge=-1.0, le=1.0, description="the same on labelled accuracy, once "
+                                "min_labels labels are held out (default: not worse by 2 points)")
+    min_eval: int = Field(100, ge=1, description="held-out heavy answers needed to judge a candidate")
+    min_labels: int = Field(30, ge=1, description="held-out labels before labelled accuracy is judged")
+    escalation_rise: float = Field(0.10, gt=0, le=1.0, description="roll back when the promoted model's escalation "
+                                   "rate is this far above its parent's")
+    agreement_drop: float = Field(0.10, gt=0, le=1.0, description="... or its agreement with heavy this far below")
+    watch_results: int = Field(100, ge=1, description="light results of a promoted model before it is judged")
+    seed_data: Path | None = Field(None, description="text,category CSV the first light model was trained on; "
+                                   "unset: the domain pack's training data")
+    texts: int = Field(200_000, ge=1, description="request texts held for joining with their answers")
+
+
 class Settings(BaseSettings):
     """tierflow configuration: sections of `TIERFLOW_<SECTION>_<FIELD>` variables, plus a few top-level ones."""
 
@@ -300,6 +331,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     heartbeat: HeartbeatSection = Field(default_factory=HeartbeatSection)
     feedback: FeedbackSection = Field(default_factory=FeedbackSection)
+    learn: LearnSection = Field(default_factory=LearnSection)
 
     def tier(self, tier: str) -> TierSection:
         """The section of a tier (a `Tier`, or its value)."""

@@ -8,6 +8,10 @@ All live under the settings' `redis_prefix` (default `tierflow:`), so two stacks
 - `feedback:state`                                        the feedback agent's snapshot
 - `replay:answered`, `replay:job:<job>`                   ids a replay answered; a replay job's progress
 - `tx:<stable id>`                                        a worker's transactional id of its last run
+- `models:light:live`, `models:light:changed`             the light model version serving, its pub/sub
+- `models:light:v:<version>`, `models:light:versions`      a version's weights and manifest; every version kept
+- `models:light:history`                                  every promotion, rejection and rollback, oldest first
+- `learn:state`                                           the trainer agent's snapshot (`tierflow models list`)
 """
 
 from __future__ import annotations
@@ -62,3 +66,26 @@ class Keys:
 
     def transactional_id(self, stable: str) -> str:
         return f"{self.prefix}tx:{stable}"
+
+    @property
+    def model_live(self) -> str:
+        return f"{self.prefix}models:light:live"
+
+    @property
+    def model_changed(self) -> str:
+        return f"{self.prefix}models:light:changed"
+
+    def model_version(self, version: str) -> str:
+        return f"{self.prefix}models:light:v:{version}"
+
+    @property
+    def model_versions(self) -> str:
+        return f"{self.prefix}models:light:versions"
+
+    @property
+    def model_history(self) -> str:
+        return f"{self.prefix}models:light:history"
+
+    @property
+    def learn_state(self) -> str:
+        return f"{self.prefix}learn:state"

@@ -289,6 +289,12 @@ AGENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("worker-multimodal", ("worker", "--tier", "multimodal")),
     ("feedback", ("feedback",)),
 )
+TRAINER = ("trainer", ("learn",))  # started only with TIERFLOW_LEARN_ENABLED=true
+
+
+def agents_of(settings: Settings) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The agents `tierflow up` starts: AGENTS, and the trainer when learning is enabled."""
+    return (*AGENTS, TRAINER) if settings.learn.enabled else AGENTS
 
 
 def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, timeout_s: float = 600.0,
@@ -303,7 +309,7 @@ def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, tim
     from pipeline.adapters.heartbeats import ready_agents, ready_tiers
 
     r = make_redis(stack.settings)
-    names = [p.name for p in stack.procs if p.name in dict(AGENTS)]
+    names = [p.name for p in stack.procs if p.name in dict(agents_of(stack.settings))]
     t0 = time.monotonic()
     took: dict[str, float] = {}
     while len(took) < len(names):
@@ -344,7 +350,7 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
 
         ThresholdStore(make_redis(settings, command=True), settings.redis.prefix).init()
         if agents:
-            for name, args in AGENTS:
+            for name, args in agents_of(settings):
                 if only is None or name in only:
                     port = (metrics_ports or {}).get(name)
                     stack.start_agent(name, *args, env={"TIERFLOW_METRICS_PORT": str(port) if port else None})

@@ -15,7 +15,7 @@ from pipeline.settings import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, Settings
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from pipeline.ops.devstack import AGENTS, running_stack, wait_agents_ready
+    from pipeline.ops.devstack import agents_of, running_stack, wait_agents_ready
 
     s = settings_of(args)
     if args.data is not None:
@@ -23,7 +23,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     setup_logging(s)
     stopping = threading.Event()
     stop_on_signals(stopping.set)
-    ports = agent_metrics_ports(s.metrics_port)
+    ports = agent_metrics_ports(s.metrics_port, s)
     failure: str | None = None
     with running_stack(s, metrics_ports=ports) as stack:
         s = stack.settings
@@ -36,7 +36,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             print_endpoints(s, stack.log_dir, ports, took)
         restarts: dict[str, list[float]] = {}
         crashed_at: dict[str, list[str]] = {}  # where each agent's batch started when it died, oldest first
-        agents = dict(AGENTS)
+        agents = dict(agents_of(s))
         while not stopping.wait(0.5):
             for p in stack.dead():
                 if p.name not in agents:
@@ -67,11 +67,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent_metrics_ports(base: int | None) -> dict[str, int]:
-    """Each agent of `tierflow up` its own /metrics port: `base`, `base`+1, ... in AGENTS order."""
-    from pipeline.ops.devstack import AGENTS
+def agent_metrics_ports(base: int | None, s: Settings) -> dict[str, int]:
+    """Each agent of `tierflow up` its own /metrics port: `base`, `base`+1, ... in `agents_of` order."""
+    from pipeline.ops.devstack import agents_of
 
-    return {} if base is None else {name: base + i for i, (name, _) in enumerate(AGENTS)}
+    return {} if base is None else {name: base + i for i, (name, _) in enumerate(agents_of(s))}
 
 
 def _metrics_env(ports: dict[str, int], name: str) -> dict[str, str | None]:

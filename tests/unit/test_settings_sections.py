@@ -107,6 +107,25 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_FEEDBACK_GROUP': None,
     'TIERFLOW_FEEDBACK_FETCH_WAIT_MS': 25,
     'TIERFLOW_FEEDBACK_FETCH_PAUSE_MS': None,
+    'TIERFLOW_LEARN_ENABLED': False,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_HOT_SWAP': True,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_HEAVY_FLOOR': 0.8,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_RETRAIN_EVERY': 500,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_RETRAIN_S': 600.0,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_WINDOW': 50000,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_WINDOW_S': 604800.0,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_PER_USER': 50,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_PER_MINUTE': 600,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_HOLDOUT': 0.2,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_MARGIN': 0.0,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_LABEL_MARGIN': -0.02,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_MIN_EVAL': 100,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_MIN_LABELS': 30,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_ESCALATION_RISE': 0.1,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_AGREEMENT_DROP': 0.1,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_WATCH_RESULTS': 100,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_SEED_DATA': None,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_TEXTS': 200000,  # added after the pin (issue 22: the learning loop)
 }
 
 

@@ -48,6 +48,11 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
     if settings.zh_model and main_name not in ("echo", "http"):
         _check_name(settings.zh_model, "TIERFLOW_ZH_MODEL")  # before the main model spends time loading
     main = build(main_name, settings, tier)
+    if tier is Tier.LIGHT and main_name == "charngram" and settings.learn.hot_swap:
+        from workers.models.charngram import CharNgramClassifier
+        from workers.models.live import LiveLightModel
+
+        main = LiveLightModel(cast(CharNgramClassifier, main), settings)  # learned versions, hot-swapped
     if tier is Tier.MULTIMODAL or main_name in ("echo", "http") or not settings.zh_model:
         model = main
     else:

@@ -1,0 +1,195 @@
+"""The learning loop on a real broker, a real Redis and real models: light workers hot-swap a promoted version
+without losing or repeating an answer; a bad candidate is never promoted; a bad model forced live is rolled
+back by the trainer within its bound."""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from pipeline.adapters.kafka import make_producer, topics_of
+from pipeline.adapters.model_store import PACKAGED, ModelStore
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.agents.ingest import Ingest
+from pipeline.agents.trainer import Trainer
+from pipeline.contracts.topics import Tier
+from pipeline.ops.models import submit
+from pipeline.settings import Settings
+from tests.conftest import Running
+from tests.integration.helpers import drain, reader, values, wait_ready
+from workers.model import InferenceModel
+from workers.models.common import domain_artifacts
+from workers.models.live import LiveLightModel
+from workers.models.registry import tier_model
+from workers.runner import Worker
+from workers.training.data import Dataset
+from workers.training.online import train_light
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def shop_messages() -> list[tuple[str, str]]:
+    """(text, intent) of the shop's held-out test set: real customer messages, never trained on."""
+    with (ROOT / "workers/data/bitext/test.csv").open(newline="", encoding="utf-8") as f:
+        rows = [(r["text"], r["category"]) for r in csv.DictReader(f)]
+    random.Random(0).shuffle(rows)
+    return rows
+
+
+def bad_model(s: Settings) -> bytes:
+    """A char n-gram model trained on 300 shop messages with their labels shuffled: confidently wrong."""
+    rows = shop_messages()[:300]
+    labels = [c for _, c in rows]
+    random.Random(1).shuffle(labels)
+    weights, _ = train_light(Dataset([t for t, _ in rows], labels), Dataset([], []),
+                             domain_artifacts(s)[0].labels)
+    return weights
+
+
+def send(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float) -> list[str]:
+    """Requests at `rate` msg/s, one user each; returns their ids."""
+    p = make_producer(s)
+    ids = []
+    t0 = time.monotonic()
+    for i, (text, _) in enumerate(rows):
+        rid = f"{tag}-{i}"
+        p.produce(topics_of(s).requests, orjson.dumps({"id": rid, "text": text, "user_id": f"{tag}-u{i}"}), key=rid)
+        ids.append(rid)
+        p.poll(0)
+        ahead = (i + 1) / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    assert p.flush(30) == 0
+    return ids
+
+
+def answers_of(s: Settings, ids: set[str], timeout: float = 180.0) -> list[dict[str, Any]]:
+    """Every answer record for `ids` (all of them, duplicates included), once each id has one."""
+    c = reader(s, topics_of(s).answers)
+    try:
+        msgs = drain(c, lambda ms: ids <= {v["request_id"] for v in values(ms)}, timeout, settle=1.0)
+    finally:
+        c.close()
+    return [v for v in values(msgs) if v["request_id"] in ids]
+
+
+@pytest.fixture
+def learning(settings_factory: Callable[..., Settings], running: Running,
+             packaged_models: dict[Tier, InferenceModel]) -> Iterator[tuple[Settings, list[LiveLightModel]]]:
+    """Ingest, two light workers (hot-swapping, English only), a heavy worker; half of light's traffic shadowed
+    on heavy, so heavy answers (the trainer's examples and evidence) come for most messages."""
+    s = settings_factory(zh_model="", learn_min_eval=30, learn_holdout=0.5, learn_retrain_every=10**6,
+                         learn_retrain_s=10**6, learn_min_labels=10**6, learn_watch_results=60)
+    ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix).update("test", "shadow half",
+                                                                                   shadow_rate=0.5)
+    lights = [tier_model(s, Tier.LIGHT) for _ in range(2)]
+    assert all(isinstance(m, LiveLightModel) for m in lights)
+    running.start(Ingest(s))
+    for i, m in enumerate(lights):
+        running.start(Worker(s, Tier.LIGHT, m, worker_id=f"light-{i}"))
+    running.start(Worker(s, Tier.HEAVY, packaged_models[Tier.HEAVY]))
+    wait_ready(s, ["light", "heavy"])
+    yield s, lights  # type: ignore[misc]
+    for m in lights:
+        m.close()
+
+
+def test_a_promotion_hot_swaps_every_light_worker_without_losing_or_repeating_an_answer(
+        learning: tuple[Settings, list[LiveLightModel]]) -> None:
+    s, lights = learning
+    store = ModelStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
+    version = "light-test-swap"
+    buf = io.BytesIO()
+    lights[0].packaged.save(buf)  # the same weights under a new version: the swap shows in the answers' model
+    store.put(version, buf.getvalue(), {"version": version, "labels": lights[0].packaged.labels,
+                                        "status": "candidate"})
+    rows = [r for r in shop_messages() if len(r[0]) <= 60][:400]
+    promoted = threading.Timer(3.0, lambda: store.set_live(version, "promote", "test", "hot swap under load"))
+    promoted.start()
+    ids = send(s, rows, "swap", rate=80.0)
+    promoted.join()
+    got = answers_of(s, set(ids))
+    per_id = Counter(a["request_id"] for a in got)
+    assert set(per_id) == set(ids), f"{len(set(ids) - set(per_id))} requests never answered"
+    assert max(per_id.values()) == 1, "a request was answered twice"
+    light_models = Counter(a["model"] for a in got if a["tier"] == "light")
+    name = lights[0].packaged.name
+    assert light_models[name] > 0 and light_models[f"{name}@{version}"] > 0, light_models
+    assert [m.version for m in lights] == [version, version]
+    assert [m.swaps for m in lights] == [1, 1]
+
+
+def test_a_bad_candidate_is_never_promoted(learning: tuple[Settings, list[LiveLightModel]], running: Running,
+                                           tmp_path: Path) -> None:
+    s, lights = learning
+    trainer = running.start(Trainer(s))
+    store = ModelStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
+    ids = send(s, shop_messages()[:300], "bad", rate=100.0)
+    answers_of(s, set(ids))
+    deadline = time.monotonic() + 60
+    while len(trainer.store.held_out()) < 30 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    path = tmp_path / "shuffled.npz"
+    path.write_bytes(bad_model(s))
+    version = submit(store, path, "test", s)
+    while store.manifest(version)["status"] == "submitted" and time.monotonic() < deadline + 60:
+        time.sleep(0.5)
+    manifest = store.manifest(version)
+    assert manifest["status"] == "rejected", manifest
+    agreement = manifest["evaluation"]["agreement"]
+    assert agreement["n"] >= 30 and agreement["hi"] < 0, agreement  # clearly worse, not merely unproven
+    assert store.live() == PACKAGED and [m.version for m in lights] == [PACKAGED, PACKAGED]
+    events = store.history()
+    assert [e["action"] for e in events] == ["submit", "reject"]
+    assert events[-1]["who"] == "trainer" and "agreement with heavy" in events[-1]["why"]
+
+
+def test_a_bad_model_forced_live_is_rolled_back_within_its_bound(
+        learning: tuple[Settings, list[LiveLightModel]], running: Running) -> None:
+    s, lights = learning
+    trainer = running.start(Trainer(s))
+    store = ModelStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
+    rows = [r for r in shop_messages() if len(r[0]) <= 60]
+    before = send(s, rows[:150], "before", rate=100.0)  # the packaged model's baseline
+    answers_of(s, set(before))
+    version = "light-test-bad"
+    store.put(version, bad_model(s), {"version": version, "labels": lights[0].packaged.labels,
+                                      "status": "candidate"})
+    store.set_live(version, "promote", "test", "forced: an operator's mistake", {"forced": True})
+    after = send(s, rows[150:450], "after", rate=50.0)
+    got = answers_of(s, set(after))
+    deadline = time.monotonic() + 30
+    while store.live() != PACKAGED and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert store.live() == PACKAGED, store.history()
+    rollback = store.history()[-1]
+    assert rollback["action"] == "rollback" and rollback["who"] == "trainer" and rollback["previous"] == version
+    assert rollback["evidence"]["parent_baseline"]["results"] > 0
+    assert store.manifest(version)["status"] == "rolled_back"
+    assert rollback["evidence"]["live"]["results"] >= 60  # judged on its bound's worth of results, not fewer
+    per_id = Counter(a["request_id"] for a in got)
+    assert set(per_id) == set(after) and max(per_id.values()) == 1  # its escalations were answered by heavy
+    # What it handled at all: its bound (60 results) and what was in flight until the swap back (50 msg/s, a 1 s
+    # tick, a poll).
+    c = reader(s, topics_of(s).results)
+    try:
+        results = values(drain(c, lambda ms: False, 5.0))
+    finally:
+        c.close()
+    by_bad = [r for r in results if r["stage"] == "light" and r["model"].endswith(f"@{version}")]
+    assert 60 <= len(by_bad) <= 60 + 150, len(by_bad)
+    assert sum(not r["final"] for r in by_bad) > 0.5 * len(by_bad)  # unsure of everything: escalated
+    assert trainer.live_version == PACKAGED

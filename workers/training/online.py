@@ -1,0 +1,106 @@
+"""One retraining of the light model for the trainer agent: seed data + learned examples -> a char n-gram npz.
+
+    python -m workers.training.online --examples EX.jsonl --labels LABELS.json --out MODEL.npz --report R.json \
+        [--domain NAME | --seed-csv CSV ...] [--seed 0]
+
+The trainer agent (pipeline/agents/trainer.py) runs this as a child process: training never shares the agent's
+interpreter (a crash or a long fit cannot stall its consumer), and the agent keeps to serving-side imports.
+
+`EX.jsonl` holds `{"text", "intent"}` lines (heavy's confident answers and labels, as the agent's store kept
+them); the seed is what the first light model learned from (a CSV, or the domain pack's training data). The label
+list is fixed by `LABELS.json` (the live model's): a learned version answers with the same answer book. The recipe
+is `tierflow train`'s for charngram (L2 strength and temperature on a stratified validation split, then a refit on
+everything), seeded, so the same data gives the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from workers.domains import load_domain
+from workers.training.charngram import train_charngram
+from workers.training.config import TrainConfig
+from workers.training.data import Dataset, Split, label_ids, read_csv, read_texts, stratified_split
+from workers.training.fitting import accuracy
+
+
+def seed_data(domain: str | None, csvs: Sequence[Path]) -> Dataset:
+    """The seed: the given CSVs, else the domain pack's training CSVs with its English out-of-scope and chit-chat
+    lines (as `tierflow train --domain` reads them)."""
+    if csvs:
+        parts = [read_csv(p, "--seed-csv") for p in csvs]
+    else:
+        if domain is None:
+            return Dataset([], [])
+        pack = load_domain(domain)
+        parts = [read_csv(p, "--seed-csv") for p in pack.train]
+        for path, label in pack.relabelled():
+            if path.suffix != ".jsonl":
+                texts = read_texts(path)
+                parts.append(Dataset(texts, [label] * len(texts)))
+    return Dataset([t for d in parts for t in d.texts], [c for d in parts for c in d.labels])
+
+
+def train_light(seed: Dataset, examples: Dataset, labels: Sequence[str], seed_value: int = 0) -> tuple[bytes, dict]:
+    """Fit the light model on seed + examples with the label list `labels`; (npz bytes, report)."""
+    import io
+
+    known = set(labels)
+    data = Dataset([t for t, c in zip(seed.texts + examples.texts, seed.labels + examples.labels, strict=True)
+                    if c in known],
+                   [c for c in seed.labels + examples.labels if c in known])
+    if not data.texts:
+        raise ValueError("no training data with a known label")
+    cfg = TrainConfig(seed=seed_value, models=("charngram",))
+    index = {lab: i for i, lab in enumerate(labels)}
+    fit_idx, val_idx = stratified_split(data.labels, cfg.val_fraction, cfg.seed + 1)
+    fit, val = data.subset(fit_idx), data.subset(val_idx)
+    split = Split(labels=list(labels), fit=fit, val=val,
+                  train=Dataset(fit.texts + val.texts, fit.labels + val.labels),
+                  y_fit=label_ids(fit.labels, index), y_val=label_ids(val.labels, index),
+                  y_train=label_ids(fit.labels + val.labels, index))
+    t0 = time.perf_counter()
+    model = train_charngram(split, cfg, {})
+    seconds = time.perf_counter() - t0
+    val_acc = accuracy(model.logits(val.texts).argmax(1), split.y_val) if val.texts else 0.0
+    buf = io.BytesIO()
+    model.save(buf)
+    report = {"n_seed": len(seed.texts), "n_examples": len(examples.texts), "n_train": len(data.texts),
+              "train_seconds": round(seconds, 1), "validation_accuracy": round(val_acc, 4),
+              "features": model.featurizer.size, "temperature": round(model.temperature, 4),
+              "examples_by_intent": dict(Counter(examples.labels).most_common())}
+    return buf.getvalue(), report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=Path, required=True)
+    ap.add_argument("--labels", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--report", type=Path, required=True)
+    ap.add_argument("--domain")
+    ap.add_argument("--seed-csv", type=Path, action="append", default=[])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # beside the serving processes: one core, and reproducible sums
+    rows = [json.loads(line) for line in args.examples.read_text().splitlines() if line.strip()]
+    examples = Dataset([r["text"] for r in rows], [r["intent"] for r in rows])
+    weights, report = train_light(seed_data(args.domain, args.seed_csv), examples,
+                                  json.loads(args.labels.read_text()), args.seed)
+    tmp = args.out.with_suffix(".partial")
+    tmp.write_bytes(weights)
+    tmp.replace(args.out)
+    args.report.write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
