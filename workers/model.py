@@ -82,7 +82,18 @@ class ByScript:
     def __init__(self, default: InferenceModel, zh: InferenceModel | None) -> None:
         self.default = default
         self.zh = zh
-        self.name = default.name if zh is None else f"{default.name}+{zh.name}"
+        self._name: str | None = None
+
+    @property
+    def name(self) -> str:
+        """Read each time: the default model may be a hot-swapped one (workers/models/live.py) whose name changes."""
+        if self._name is not None:
+            return self._name
+        return self.default.name if self.zh is None else f"{self.default.name}+{self.zh.name}"
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
 
     def setup(self, device: str) -> None:
         self.default.setup(device)

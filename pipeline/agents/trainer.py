@@ -60,6 +60,7 @@ from pipeline.core.learning import (
     PromotionPolicy,
     RollbackPolicy,
     Source,
+    Verdict,
     correct,
     decide_promotion,
     decide_rollback,
@@ -106,13 +107,15 @@ class Trainer:
         self.texts: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self.light_of: OrderedDict[str, tuple[str, str]] = OrderedDict()  # rid -> (light model, its intent)
         self.heavy_of: OrderedDict[str, str] = OrderedDict()  # rid -> heavy's intent, before light's result
+        # rid -> offers (intent, source, at, confidence) that came before the request's text
+        self.awaiting: OrderedDict[str, list[tuple[str, Source, int, float]]] = OrderedDict()
         self.live_records: dict[str, LiveRecord] = {}  # light model name -> its recent outcomes
         self.watching: tuple[str, dict[str, Any]] | None = None  # (promoted version, its parent's baseline)
         self.live_version = self.models.live()
         self.training: Training | None = None
         self.last_train = time.monotonic()
         self.trained = 0
-        self._loaded: dict[str, CharNgramClassifier] = {PACKAGED: self.packaged}
+        self._loaded: dict[str, CharNgramClassifier] = {}
         self._stop = threading.Event()
         self.ready = False
 
@@ -190,6 +193,8 @@ class Trainer:
         lang = lang_of(script_of(text), hint if isinstance(hint, str) else None)
         user = d.get("user_id") if isinstance(d.get("user_id"), str) else f"anonymous:{rid}"
         _put(self.texts, rid, (text, str(user), lang), self.cfg.texts)
+        for intent, source, at, confidence in self.awaiting.pop(rid, ()):
+            self._offer(rid, intent, source, at, confidence)
         label = d.get("label")
         if isinstance(label, str):
             self._offer(rid, label, Source.LABEL, now)
@@ -234,7 +239,17 @@ class Trainer:
 
     def _offer(self, rid: str, intent: str, source: Source, now: int, confidence: float = 1.0) -> None:
         seen = self.texts.get(rid)
-        text, user, lang = seen if seen is not None else (None, f"anonymous:{rid}", "en")
+        if seen is None:
+            # The topics are read side by side: an answer or a label may come before its request's text (always so
+            # for a while after a restart, which re-reads all three). It waits for the text, a bounded while.
+            self.awaiting.setdefault(rid, []).append((intent, source, now, confidence))
+            while len(self.awaiting) > self.cfg.texts:
+                _, dropped = self.awaiting.popitem(last=False)
+                for _, src, _, _ in dropped:
+                    self.store.counts[Verdict.NO_TEXT] += 1
+                    metrics.LEARN_EXAMPLES.labels(src.value, Verdict.NO_TEXT.value).inc()
+            return
+        text, user, lang = seen
         verdict = self.store.offer(rid, text, intent, source, user, now, confidence, lang)
         metrics.LEARN_EXAMPLES.labels(source.value, verdict.value).inc()
 
@@ -375,11 +390,13 @@ class Trainer:
         return self.packaged.name if version == PACKAGED else f"{self.packaged.name}@{version}"
 
     def _model(self, version: str) -> CharNgramClassifier:
+        """The model of `version`, loaded from Redis once; only the live one and the last one asked for are kept."""
+        if version == PACKAGED:
+            return self.packaged
         if version not in self._loaded:
             model = CharNgramClassifier.load(io.BytesIO(self.models.weights(version)), self.labels)
             model.answers, model.name = self.packaged.answers, self._name_of(version)
-            self._loaded = {PACKAGED: self.packaged, self.live_version: self._loaded.get(self.live_version,
-                                                                                           self.packaged)}
+            self._loaded = {v: m for v, m in self._loaded.items() if v == self.live_version}
             self._loaded[version] = model
         return self._loaded[version]
 
@@ -388,6 +405,7 @@ class Trainer:
         return {"at_ms": now_ms, "live": self.live_version, "examples": len(self.store.examples),
                 "training_examples": len(self.store.training()), "held_out": len(self.store.held_out()),
                 "new_since_training": self.store.new_training, "trainings": self.trained,
+                "awaiting_text": len(self.awaiting),
                 "training_now": self.training is not None,
                 "verdicts": {k.value: v for k, v in self.store.counts.items()},
                 "live_records": {m: r.summary() for m, r in self.live_records.items()}}

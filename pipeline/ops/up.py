@@ -149,6 +149,8 @@ def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dic
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
     lines += [f"  logs    {log_dir}/", f"  topics  {s.topic.prefix}*"]
+    if s.learn.enabled:
+        lines.append("  learn   the light model learns from heavy's answers: tierflow models list")
     env = "" if (s.kafka.port, s.redis.port) == (DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT) or not s.kafka.embedded \
         else f"TIERFLOW_KAFKA_BOOTSTRAP={s.kafka.servers} TIERFLOW_REDIS_URL={scrub(s.redis.address)} "
     lines.append(f"  try:    {env}tierflow send 'where is my order?' --wait")

@@ -157,6 +157,36 @@ def test_a_bad_candidate_is_never_promoted(learning: tuple[Settings, list[LiveLi
     assert events[-1]["who"] == "trainer" and "agreement with heavy" in events[-1]["why"]
 
 
+def test_a_candidate_that_beats_the_live_model_is_promoted_and_served_by_every_worker(
+        learning: tuple[Settings, list[LiveLightModel]], running: Running, tmp_path: Path) -> None:
+    s, lights = learning
+    store = ModelStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
+    bad = "light-test-live-bad"
+    store.put(bad, bad_model(s), {"version": bad, "labels": lights[0].packaged.labels, "status": "candidate"})
+    store.set_live(bad, "promote", "test", "forced: a weak model is live")
+    # the watch would roll the weak model back on its own: here the candidate has to win on evidence instead
+    trainer = running.start(Trainer(s.updated(learn_escalation_rise=1.0, learn_agreement_drop=1.0)))
+    ids = send(s, shop_messages()[:300], "good", rate=100.0)
+    answers_of(s, set(ids))
+    deadline = time.monotonic() + 60
+    while len(trainer.store.held_out()) < 30 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    path = tmp_path / "packaged.npz"
+    lights[0].packaged.save(path)  # the pack's own model: far better than the shuffled one live
+    version = submit(store, path, "test", s)
+    while store.manifest(version)["status"] == "submitted" and time.monotonic() < deadline + 60:
+        time.sleep(0.5)
+    manifest = store.manifest(version)
+    assert manifest["status"] == "promoted", manifest
+    agreement = manifest["evaluation"]["agreement"]
+    assert agreement["lo"] > 0 and agreement["live"] < agreement["candidate"], agreement
+    assert store.live() == version and store.history()[-1]["who"] == "trainer"
+    deadline = time.monotonic() + 10
+    while [m.version for m in lights] != [version, version] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [m.version for m in lights] == [version, version]
+
+
 def test_a_bad_model_forced_live_is_rolled_back_within_its_bound(
         learning: tuple[Settings, list[LiveLightModel]], running: Running) -> None:
     s, lights = learning
@@ -193,3 +223,36 @@ def test_a_bad_model_forced_live_is_rolled_back_within_its_bound(
     assert 60 <= len(by_bad) <= 60 + 150, len(by_bad)
     assert sum(not r["final"] for r in by_bad) > 0.5 * len(by_bad)  # unsure of everything: escalated
     assert trainer.live_version == PACKAGED
+
+
+def test_one_user_flooding_one_wrong_label_through_the_topics_is_capped(
+        settings_factory: Callable[..., Settings], running: Running) -> None:
+    """Adversarial traffic on the real topics: one user sends 2,000 messages and labels every one `get_refund`;
+    200 honest users label theirs truly. The trainer keeps `per_user` of the flood and every honest label."""
+    s = settings_factory(zh_model="", learn_per_user=20, learn_per_minute=100_000)
+    trainer = running.start(Trainer(s))
+    rows = [r for r in shop_messages() if r[1] != "get_refund"][:200]
+    requests, labels = [], []
+    for i in range(2000):
+        text, _ = rows[i % len(rows)]
+        requests.append({"id": f"evil-{i}", "text": text, "user_id": "mallory"})
+        labels.append({"request_id": f"evil-{i}", "intent": "get_refund"})
+    for i, (text, intent) in enumerate(rows):
+        requests.append({"id": f"ok-{i}", "text": text, "user_id": f"user-{i}"})
+        labels.append({"request_id": f"ok-{i}", "intent": intent})
+    labels.append({"request_id": "ok-0", "intent": "track_order", "note": "not in the schema"})  # refused
+    p = make_producer(s)
+    for req in requests:
+        p.produce(topics_of(s).requests, orjson.dumps(req), key=req["id"])
+    assert p.flush(30) == 0
+    for lab in labels:
+        p.produce(topics_of(s).labels, orjson.dumps(lab), key=lab["request_id"])
+    assert p.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while sum(trainer.store.counts.values()) < 2200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kept = list(trainer.store.examples.values())
+    assert sum(e.user == "mallory" for e in kept) == 20
+    assert sum(e.user != "mallory" for e in kept) == 200
+    assert trainer.store.examples["ok-0"].intent == rows[0][1]  # the out-of-schema label changed nothing
+    assert sum(e.intent == "get_refund" for e in kept) == 20  # none of the honest rows is a refund
