@@ -321,9 +321,7 @@ class Trainer:
         deltas = self.evaluate(candidate, live)
         evidence: dict[str, Any] = {k: d.as_dict() for k, d in deltas.items()}
         decision = decide_promotion(deltas["agreement"], deltas["labelled"], self.promotion)
-        self.models.update_manifest(version, status="promoted" if decision.promote else "rejected",
-                                    evaluation=evidence, decision=decision.why)
-        if decision.promote:
+        if decision.promote:  # the pointer first: a reader that sees the status promoted finds it live
             baseline = self._record_of(self.live_version).summary()
             self.models.set_live(version, "promote", WHO, decision.why, {**evidence, "parent_baseline": baseline})
             self._now_live(version, baseline)
@@ -331,6 +329,8 @@ class Trainer:
         else:
             self.models.record("reject", version, WHO, decision.why, evidence)
             metrics.LEARN_DECISIONS.labels("reject").inc()
+        self.models.update_manifest(version, status="promoted" if decision.promote else "rejected",
+                                    evaluation=evidence, decision=decision.why)
         log.info("trainer: %s %s: %s", "promoted" if decision.promote else "rejected", version, decision.why)
         return decision
 
