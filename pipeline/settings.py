@@ -281,8 +281,9 @@ class LearnSection(Section):
                            "trained on")
     margin: float = Field(0.0, ge=-1.0, le=1.0, description="the candidate's agreement with heavy minus the live "
                           "model's: the 95% interval's lower bound must be above this")
-    label_margin: float = Field(-0.02, ge=-1.0, le=1.0, description="the same on labelled accuracy, once "
-                                "min_labels labels are held out (default: not worse by 2 points)")
+    label_margin: float = Field(0.0, ge=-1.0, le=1.0, description="once min_labels labels are held out, the "
+                                "labelled accuracy interval's upper bound must reach this: the labels must not "
+                                "show the candidate worse")
     min_eval: int = Field(100, ge=1, description="held-out heavy answers needed to judge a candidate")
     min_labels: int = Field(30, ge=1, description="held-out labels before labelled accuracy is judged")
     escalation_rise: float = Field(0.10, gt=0, le=1.0, description="roll back when the promoted model's escalation "

@@ -10,8 +10,10 @@ candidate light model may replace the live one, and when a promoted one is rolle
 - **Promotion** (`decide_promotion`): the candidate and the live model answer the same held-out examples; per
   example the difference of their correctness is -1, 0 or +1. Its mean, with a 95% normal-approximation interval
   (mean +- 1.96 sd / sqrt(n), sd the sample deviation of the differences: a paired test, so the two models'
-  shared hard examples do not widen it), must clear a margin on agreement with heavy, and on labelled accuracy
-  once enough labels are held out.
+  shared hard examples do not widen it), must be above a margin on agreement with heavy (the candidate is shown
+  better), and, once enough labels are held out, the labelled interval must reach above its margin (the labels
+  do not show it worse: a labelled slice is small, its interval wide, and requiring it to show a gain would
+  refuse every candidate whose gain is smaller than the interval).
 - **Rollback** (`decide_rollback`): after a promotion the live model's escalation rate and its agreement with
   heavy (shadow pairs and labels) are watched; past a bound above (below) the parent's, with enough results,
   the parent goes back live.
@@ -190,7 +192,7 @@ def paired_delta(candidate_right: Sequence[bool], live_right: Sequence[bool]) ->
 @dataclass(frozen=True, slots=True)
 class PromotionPolicy:
     margin: float = 0.0  # the agreement delta's lower bound must exceed this
-    label_margin: float = -0.02  # the labelled delta's lower bound must exceed this (a small slice: not worse)
+    label_margin: float = 0.0  # the labelled delta's upper bound must reach this (the labels do not show it worse)
     min_eval: int = 100  # held-out heavy examples needed to decide at all
     min_labels: int = 30  # held-out labels before labelled accuracy is a criterion
 
@@ -203,17 +205,18 @@ class Decision:
 
 def decide_promotion(agree: Delta, labelled: Delta, policy: PromotionPolicy) -> Decision:
     """Promote only when the candidate beats the live model on held-out agreement with heavy (interval above
-    `margin`) and, with `min_labels` labels held out, on labelled accuracy (interval above `label_margin`)."""
+    `margin`) and, with `min_labels` labels held out, the labels do not show it worse (interval reaching
+    `label_margin`)."""
     if agree.n < policy.min_eval:
         return Decision(False, f"too little evidence: {agree.n} held-out heavy answers (needs {policy.min_eval})")
     if agree.lo <= policy.margin:
         return Decision(False, f"agreement with heavy {agree.candidate:.1%} vs live {agree.live:.1%}: delta "
                                f"{agree.mean:+.1%}, 95% interval [{agree.lo:+.1%}, {agree.hi:+.1%}] not above "
                                f"{policy.margin:+.1%} (n={agree.n})")
-    if labelled.n >= policy.min_labels and labelled.lo <= policy.label_margin:
+    if labelled.n >= policy.min_labels and labelled.hi < policy.label_margin:
         return Decision(False, f"labelled accuracy {labelled.candidate:.1%} vs live {labelled.live:.1%}: delta "
-                               f"{labelled.mean:+.1%}, 95% interval [{labelled.lo:+.1%}, {labelled.hi:+.1%}] not "
-                               f"above {policy.label_margin:+.1%} (n={labelled.n})")
+                               f"{labelled.mean:+.1%}, 95% interval [{labelled.lo:+.1%}, {labelled.hi:+.1%}] "
+                               f"below {policy.label_margin:+.1%}: the labels show it worse (n={labelled.n})")
     labels = (f"; labelled {labelled.mean:+.1%} [{labelled.lo:+.1%}, {labelled.hi:+.1%}] (n={labelled.n})"
               if labelled.n >= policy.min_labels else f"; {labelled.n} labels held out (too few to judge)")
     return Decision(True, f"agreement with heavy {agree.candidate:.1%} vs live {agree.live:.1%}, delta "

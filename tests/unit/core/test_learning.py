@@ -112,7 +112,7 @@ def test_the_interval_always_holds_the_mean(pairs: list[tuple[bool, bool]]) -> N
 
 
 def test_promotion_needs_evidence_a_clear_win_and_no_labelled_loss() -> None:
-    policy = PromotionPolicy(margin=0.0, label_margin=-0.02, min_eval=100, min_labels=30)
+    policy = PromotionPolicy(margin=0.0, label_margin=0.0, min_eval=100, min_labels=30)
     rnd = random.Random(0)
     live = [rnd.random() < 0.8 for _ in range(400)]
     better = [lv or rnd.random() < 0.5 for lv in live]  # right wherever live is, and half of the rest
@@ -121,9 +121,13 @@ def test_promotion_needs_evidence_a_clear_win_and_no_labelled_loss() -> None:
     assert decide_promotion(paired_delta(better, live), no_labels, policy).promote
     assert not decide_promotion(paired_delta(same, live), no_labels, policy).promote
     assert not decide_promotion(paired_delta(better[:50], live[:50]), no_labels, policy).promote  # too few
-    worse_on_labels = paired_delta([False] * 60, [True] * 60)
+    worse_on_labels = paired_delta([False] * 60, [True] * 60)  # the labels show it worse
     d = decide_promotion(paired_delta(better, live), worse_on_labels, policy)
     assert not d.promote and "labelled accuracy" in d.why
+    # a small labelled slice that cannot tell (its interval holds zero) does not block a candidate shown better
+    unsure = paired_delta([True] * 30 + [False] * 35, [True] * 29 + [False] * 36)
+    assert unsure.lo < 0 < unsure.hi
+    assert decide_promotion(paired_delta(better, live), unsure, policy).promote
 
 
 def test_rollback_when_escalations_rise_or_agreement_falls_past_the_bound() -> None:
