@@ -2,9 +2,9 @@
 
 Produces N synthetic result records (schemas/result.v1.json: light answers, escalations, heavy
 answers, shadow predictions, half of them labeled) to the results topic of a fresh prefix on the
-embedded broker, then starts the agent (`python -m pipeline.agents.feedback`, one process) and times it
-draining the backlog, from its Redis state snapshots. Also times the statistics alone (decode +
-Aggregator) per record, in process.
+embedded broker (that topic unbounded: noida keeps 1 MiB a partition of the others), then starts the
+agent (`python -m pipeline.agents.feedback`, one process) and times it draining the backlog, from its Redis
+state snapshots. Also times the statistics alone (decode + Aggregator) per record, in process.
 
     python bench/feedback.py [--results 200000] [--rounds 2] [--write]    (or python -m bench.feedback)
 """
@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,19 @@ import redis
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, embedded_services, fresh_topics, recorded, write_section
-from pipeline.adapters.kafka import make_producer, produce, topics_of
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from bench.common import ROOT, drop_topics, embedded_services, recorded, write_section
+from pipeline.adapters.kafka import (
+    create_topics,
+    make_admin,
+    make_consumer,
+    make_producer,
+    produce,
+    specs_of,
+    topics_of,
+)
 from pipeline.contracts.keys import Keys
 from pipeline.core.stats import AggConfig, Aggregator
 from pipeline.settings import Settings
@@ -84,6 +96,26 @@ def records(n: int, seed: int = 7) -> list[bytes]:
     return out[:n]
 
 
+def backlog_topics(base: Settings) -> Settings:
+    """Like `fresh_topics(base)` (new uuid-named topics and Redis keys), but the results topic keeps a whole run's
+    backlog (1 GiB a partition), as `fresh_topics(base, backlog=True)` does for the requests topic.
+
+    The embedded noida bounds every topic to 1 MiB a partition and applies the bound as records arrive: 200,000
+    results (about 3 MiB a partition, compressed) lost their oldest 128,000 while the topic was being filled, and
+    the agent, having counted the 72,000 left within seconds, waited for the rest until the round timed out (which
+    read as a drain of about 120 results/s at 13% CPU: its idle polling)."""
+    tag = uuid.uuid4().hex[:6]
+    s = base.updated(topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
+    spec = next(sp for sp in specs_of(s) if sp.name == topics_of(s).results)
+    config = {**spec.config, "retention.bytes": str(1 << 30), "segment.bytes": str(16 << 20)}
+    admin = make_admin(s)  # held until the futures resolve: a dropped client fails them (_DESTROY)
+    for fut in admin.create_topics([NewTopic(spec.name, spec.partitions, spec.replication_factor,
+                                             config=config)]).values():
+        fut.result()
+    create_topics(s)  # the others, bounded as usual
+    return s
+
+
 def fill(s: Settings, topic: str, msgs: list[bytes]) -> None:
     p = make_producer(s, **{"linger.ms": 20})
     for i, m in enumerate(msgs):
@@ -91,6 +123,25 @@ def fill(s: Settings, topic: str, msgs: list[bytes]) -> None:
         if i % 10_000 == 0:
             p.poll(0)
     p.flush(60)
+
+
+def check_kept(s: Settings, topic: str, n: int, settle_s: float = 3.0) -> None:
+    """Fail unless the topic holds all n records from offset 0 for `settle_s` (noida applies a topic's bound a
+    fraction of a second after the writes, measured 0.3-0.7 s): a bounded topic would have the agent wait for
+    deleted records until the round times out."""
+    c = make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}")
+    deadline = time.monotonic() + settle_s
+    try:
+        while True:
+            marks = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in range(s.partitions)]
+            if any(low for low, _ in marks) or sum(high for _, high in marks) != n:
+                raise SystemExit(f"{topic} does not hold the {n} records produced (a retention bound?): "
+                                 f"(low, high) offsets per partition {marks}")
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+    finally:
+        c.close()
 
 
 def observed(r: redis.Redis, key: str) -> int:
@@ -173,15 +224,20 @@ def main() -> None:
         msgs = records(args.results)
         us = stats_us(msgs[:50_000])
         for k in range(args.rounds):
-            s = fresh_topics(base)
+            s = backlog_topics(base)
             fill(s, topics_of(s).results, records(args.results, seed=k))
-            rates.append(agent_round(s, args.results, timeout=600))
+            try:
+                check_kept(s, topics_of(s).results, args.results)
+                rates.append(agent_round(s, args.results, timeout=600))
+            finally:
+                drop_topics(s)  # noida re-serialises all it keeps on every write: a round left behind slows the next
             print(f"round {k + 1}: {rates[-1]:,.0f} results/s")
     rate = statistics.median(rates)
     load = os.getloadavg()[0]
     body = (
         f"{args.results:,} synthetic result records (light answers, escalations, heavy answers, shadow "
-        "predictions; half labeled) on the embedded broker as a backlog; one agent process "
+        "predictions; half labeled) on the embedded broker as a backlog (its results topic kept whole, checked before "
+        "the agent starts); one agent process "
         "(faust-streaming, `take_events(2000, within=0.2)`, aiokafka) drains it while its control loop runs "
         f"every 0.25 s. Median of {args.rounds} rounds on fresh topics, timed from its Redis snapshots.\n\n"
         "| what | rate |\n|---|---:|\n"
