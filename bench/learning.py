@@ -192,7 +192,9 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--rate", type=float, default=100.0, help="messages per second sent (100)")
     ap.add_argument("--budget", type=float, default=0.15, help="the heavy budget (0.15)")
-    ap.add_argument("--shadow", type=float, default=0.1, help="share of light's traffic shadowed on heavy (0.1)")
+    ap.add_argument("--shadow", type=float, default=0.5,
+                    help="share of light's traffic shadowed on heavy (0.5, the most the thresholds allow: more "
+                         "of heavy's answers to learn from, at no cost to the answers' heavy share)")
     ap.add_argument("--retrain-every", type=int, default=300, help="new examples per retraining (300)")
     ap.add_argument("--per-minute", type=int, default=12_000,
                     help="the trainer's cap on examples a minute (12,000: the stream's own rate is not a flood)")

@@ -453,7 +453,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # feedback last: its section compares the agent with the pipeline rates the others just recorded
 BENCHES = ("ingest", "batching", "heavy_runtime", "quality", "pipeline", "article_service", "sustained", "durability",
-           "peers", "feedback")
+           "peers", "feedback", "learning")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
