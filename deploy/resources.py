@@ -4,10 +4,12 @@
     python deploy/traffic.py --rate 12 --seconds 150 &  # live traffic (or your own), while it measures
     python deploy/resources.py --seconds 120            # samples every process's RSS and CPU from /proc
 
-Per role (ingest, light, heavy, multimodal, feedback: found by their command lines), it takes the peak RSS and
-the mean and p95 CPU (cores) over the run. The suggestion: memory request = peak x 1.5 (the models' arenas
-grow with the batch), limit = 2x the request; CPU request = the p95 (at least 50m), no CPU limit (throttling a
-latency-bound worker costs more than it saves). GPU limits stay as the manifests have them. Linux only (/proc).
+Per role (ingest, light, heavy, multimodal, feedback, trainer: found by their command lines), it takes the peak RSS
+and the mean and p95 CPU (cores) over the run. The trainer's retraining child (`python -m workers.training.online`)
+runs in the trainer's pod, so the trainer's numbers are the two processes' sums at each sample. The suggestion:
+memory request = peak x 1.5 (the models' arenas grow with the batch), limit = 2x the request; CPU request = the p95
+(at least 50m), no CPU limit (throttling a latency-bound worker costs more than it saves). GPU limits stay as
+the manifests have them. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROLES = {"ingest": ("pipeline.cli", "ingest"), "light": ("--tier", "light"), "heavy": ("--tier", "heavy"),
-         "multimodal": ("--tier", "multimodal"), "feedback": ("pipeline.cli", "feedback")}
+         "multimodal": ("--tier", "multimodal"), "feedback": ("pipeline.cli", "feedback"),
+         "trainer": ("pipeline.cli", "learn")}
+POD_SUMMED = {"trainer"}  # processes that share one pod (the trainer, its retraining child): RSS and CPU add up
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MI = 1024 * 1024
@@ -30,10 +34,14 @@ MI = 1024 * 1024
 def role_of(cmdline: list[str]) -> str | None:
     """The tierflow role a process runs, from its command line (`tierflow worker --tier heavy`, ...)."""
     joined = " ".join(cmdline)
+    if "workers.training.online" in cmdline:
+        return "trainer"  # the trainer's retraining child
     if "pipeline.cli" not in joined and not any(Path(c).name == "tierflow" for c in cmdline[:2]):
         return None
     if "worker" in cmdline:
         return next((t for t in ("light", "heavy", "multimodal") if t in cmdline), None)
+    if "learn" in cmdline:
+        return "trainer"
     return next((r for r in ("ingest", "feedback") if r in cmdline), None)
 
 
@@ -73,17 +81,28 @@ def measure(seconds: float, every: float) -> dict[str, Usage]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         now = time.monotonic()
+        summed: dict[str, tuple[int, float]] = {}  # POD_SUMMED role -> (RSS, cores) of this sample
         for pid, role in processes().items():
             got = read(pid)
             if got is None:
                 continue
             rss, cpu = got
             u = usage.setdefault(role, Usage())
-            u.rss_peak = max(u.rss_peak, rss)
+            cores = None
             if pid in last:
                 cpu0, at0 = last[pid]
-                u.cpu.append((cpu - cpu0) / max(1e-6, now - at0))
+                cores = (cpu - cpu0) / max(1e-6, now - at0)
             last[pid] = (cpu, now)
+            if role in POD_SUMMED:
+                rss0, cores0 = summed.get(role, (0, 0.0))
+                summed[role] = (rss0 + rss, cores0 + (cores or 0.0))
+                continue
+            u.rss_peak = max(u.rss_peak, rss)
+            if cores is not None:
+                u.cpu.append(cores)
+        for role, (rss, cores) in summed.items():
+            usage[role].rss_peak = max(usage[role].rss_peak, rss)
+            usage[role].cpu.append(cores)
         time.sleep(every)
     return usage
 

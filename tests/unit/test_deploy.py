@@ -41,7 +41,9 @@ GRAFANA = ROOT / "deploy" / "grafana"
 COMPOSE_SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"  # compose-spec/compose-spec, Apache-2.0
 K8S_VERSION = "1.30"  # the oldest Kubernetes the manifests must load on
 METRICS_PORT = 9100
-K8S_COMPONENTS = ("ingest", "light", "heavy", "multimodal", "feedback")
+K8S_COMPONENTS = ("ingest", "light", "heavy", "multimodal", "feedback", "trainer")
+# Agents that must run as exactly one process: two threshold controllers or two trainers would both decide.
+SINGLETONS = {"feedback": ["tierflow", "feedback"], "trainer": ["tierflow", "learn"]}
 # Kinds without a schema in kubernetes-validate: checked structurally below.
 CUSTOM_KINDS = {"ScaledObject", "Kafka", "KafkaNodePool", "KafkaTopic", "ServiceMonitor", "PrometheusRule"}
 PROMQL_BUILTINS = {"up"}  # series Prometheus makes itself
@@ -391,6 +393,40 @@ def test_every_component_runs_with_settings_metrics_and_a_disruption_budget() ->
             assert gpus is None and "tolerations" not in spec, f"{name} must not hold a GPU"
 
 
+def test_every_pod_runs_hardened_with_a_writable_tmp_only() -> None:
+    """Non-root, no privilege escalation, no capabilities, a read-only root: /tmp (an emptyDir) is the one place a
+    process writes (the image points its caches there; the trainer's retraining files go there)."""
+    for name, dep in k8s_by_kind("Deployment").items():
+        spec = dep["spec"]["template"]["spec"]
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] and pod["seccompProfile"]["type"] == "RuntimeDefault", name
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], name
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], name
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts and "emptyDir" in volumes[mounts["/tmp"]], f"{name}: no writable /tmp"
+
+
+def test_singleton_agents_run_exactly_once() -> None:
+    """The feedback agent and the trainer decide for the whole pipeline (thresholds; the live light model): one
+    replica, and Recreate, so an old and a new pod never overlap during a rollout; no autoscaler; compose runs one
+    service each, with one replica."""
+    deployments = k8s_by_kind("Deployment")
+    scaled = {so["spec"]["scaleTargetRef"]["name"] for so in k8s_by_kind("ScaledObject").values()}
+    for component, argv in SINGLETONS.items():
+        name = f"tierflow-{component}"
+        dep = deployments[name]
+        assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}, name
+        assert name not in scaled, name
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        assert container["command"] == argv, name
+        in_compose = {n: s for n, s in long_running_services().items() if s["command"] == argv}
+        assert list(in_compose) == [component], f"compose must run `{shlex.join(argv)}` as one service"
+        assert in_compose[component].get("deploy", {}).get("replicas", 1) == 1, component
+
+
 def test_keda_scales_each_tier_on_its_consumer_groups_lag() -> None:
     s = k8s_settings()
     groups = consumer_groups(s)
@@ -629,4 +665,4 @@ def test_the_resources_are_the_ones_docs_deploy_md_measured() -> None:
         res = dep["spec"]["template"]["spec"]["containers"][0]["resources"]
         deployed[name.removeprefix("tierflow-")] = {"requests": res["requests"],
                                                     "limits": {"memory": res["limits"]["memory"]}}
-    assert len(documented) == 5 and deployed == documented
+    assert set(documented) == set(K8S_COMPONENTS) and deployed == documented
