@@ -127,16 +127,17 @@ def embedded_services() -> Iterator[Settings]:
         stack.stop()
 
 
-def fresh_topics(base: Settings, backlog: bool = False) -> Settings:
+def fresh_topics(base: Settings, backlog: bool = False, whole: str = "requests") -> Settings:
     """`base` with new uuid-named topics (created) and Redis keys: each round starts empty.
 
-    `backlog`: the requests topic keeps a whole run's backlog (1 GiB a partition). The embedded noida bounds every
-    topic to 1 MiB a partition: a loop reading a pre-filled backlog would find its oldest requests gone and wait
-    for them for ever."""
+    `backlog`: topic `whole` (a `Topics` attribute: the requests topic by default) keeps a whole run's backlog
+    (1 GiB a partition). The embedded noida bounds every topic to 1 MiB a partition: a loop reading a pre-filled
+    backlog would find its oldest records gone and wait for them for ever."""
     tag = uuid.uuid4().hex[:6]
     s = base.updated(topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
     if backlog:
-        spec = next(sp for sp in specs_of(s) if sp.name == topics_of(s).requests)
+        name = getattr(topics_of(s), whole)
+        spec = next(sp for sp in specs_of(s) if sp.name == name)
         config = {**spec.config, "retention.bytes": str(1 << 30), "segment.bytes": str(16 << 20)}
         admin = make_admin(s)  # held until the futures resolve: a dropped client fails them (_DESTROY)
         for fut in admin.create_topics([NewTopic(spec.name, spec.partitions, spec.replication_factor,

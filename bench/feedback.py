@@ -29,16 +29,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import NewTopic
 
-from bench.common import ROOT, drop_topics, embedded_services, recorded, write_section
+from bench.common import ROOT, drop_topics, embedded_services, fresh_topics, recorded, write_section
 from pipeline.adapters.kafka import (
-    create_topics,
-    make_admin,
     make_consumer,
     make_producer,
     produce,
-    specs_of,
     topics_of,
 )
 from pipeline.contracts.keys import Keys
@@ -104,16 +100,7 @@ def backlog_topics(base: Settings) -> Settings:
     results (about 3 MiB a partition, compressed) lost their oldest 128,000 while the topic was being filled, and
     the agent, having counted the 72,000 left within seconds, waited for the rest until the round timed out (which
     read as a drain of about 120 results/s at 13% CPU: its idle polling)."""
-    tag = uuid.uuid4().hex[:6]
-    s = base.updated(topic_prefix=f"b{tag}.", redis_prefix=f"b{tag}:")
-    spec = next(sp for sp in specs_of(s) if sp.name == topics_of(s).results)
-    config = {**spec.config, "retention.bytes": str(1 << 30), "segment.bytes": str(16 << 20)}
-    admin = make_admin(s)  # held until the futures resolve: a dropped client fails them (_DESTROY)
-    for fut in admin.create_topics([NewTopic(spec.name, spec.partitions, spec.replication_factor,
-                                             config=config)]).values():
-        fut.result()
-    create_topics(s)  # the others, bounded as usual
-    return s
+    return fresh_topics(base, backlog=True, whole="results")
 
 
 def fill(s: Settings, topic: str, msgs: list[bytes]) -> None:

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.adapters.redis_client import make_redis
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable
@@ -103,18 +103,29 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_ingest(args: argparse.Namespace) -> int:
+class Agent(Protocol):
+    def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def run_agent(s: Settings, make: Callable[[Settings], Agent]) -> int:
+    """A long-running agent: the broker dialled first (a clear error), /metrics served, SIGTERM/SIGINT stop it."""
     from pipeline import metrics
     from pipeline.adapters.kafka import check_reachable
-    from pipeline.agents.ingest import Ingest
 
-    s = settings_of(args)
     check_reachable(s.kafka.servers, "Kafka")
     metrics.serve(s.metrics_port)
-    agent = Ingest(s)
+    agent = make(s)
     stop_on_signals(agent.stop)
     agent.run()
     return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from pipeline.agents.ingest import Ingest
+
+    return run_agent(settings_of(args), Ingest)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

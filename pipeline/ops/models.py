@@ -10,21 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.ops.commands import settings_of, stop_on_signals
+from pipeline.ops.commands import run_agent, settings_of
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from pipeline import metrics
-    from pipeline.adapters.kafka import check_reachable
     from pipeline.agents.trainer import Trainer
 
-    s = settings_of(args)
-    check_reachable(s.kafka.servers, "Kafka")
-    metrics.serve(s.metrics_port)
-    agent = Trainer(s)
-    stop_on_signals(agent.stop)
-    agent.run()
-    return 0
+    return run_agent(settings_of(args), Trainer)
 
 
 def cmd_models(args: argparse.Namespace) -> int:

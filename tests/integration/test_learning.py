@@ -76,6 +76,22 @@ def send(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float) -> lis
     return ids
 
 
+def wait_for(done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def judged(store: ModelStore, trainer: Trainer, tmp_path: Path, weights: bytes, s: Settings) -> dict[str, Any]:
+    """Submit `weights` once the trainer holds 30 held-out examples; its manifest once the trainer judged it."""
+    wait_for(lambda: len(trainer.store.held_out()) >= 30, 60)
+    path = tmp_path / "candidate.npz"
+    path.write_bytes(weights)
+    version = submit(store, path, "test", s)
+    wait_for(lambda: store.manifest(version)["status"] != "submitted", 60)
+    return store.manifest(version)
+
+
 def answers_of(s: Settings, ids: set[str], timeout: float = 180.0) -> list[dict[str, Any]]:
     """Every answer record for `ids` (all of them, duplicates included), once each id has one."""
     c = reader(s, topics_of(s).answers)
@@ -139,15 +155,7 @@ def test_a_bad_candidate_is_never_promoted(learning: tuple[Settings, list[LiveLi
     store = ModelStore(redis.Redis.from_url(s.redis.address), s.redis.prefix)
     ids = send(s, shop_messages()[:300], "bad", rate=100.0)
     answers_of(s, set(ids))
-    deadline = time.monotonic() + 60
-    while len(trainer.store.held_out()) < 30 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    path = tmp_path / "shuffled.npz"
-    path.write_bytes(bad_model(s))
-    version = submit(store, path, "test", s)
-    while store.manifest(version)["status"] == "submitted" and time.monotonic() < deadline + 60:
-        time.sleep(0.5)
-    manifest = store.manifest(version)
+    manifest = judged(store, trainer, tmp_path, bad_model(s), s)  # trained on shuffled labels
     assert manifest["status"] == "rejected", manifest
     agreement = manifest["evaluation"]["agreement"]
     assert agreement["n"] >= 30 and agreement["hi"] < 0, agreement  # clearly worse, not merely unproven
@@ -168,22 +176,15 @@ def test_a_candidate_that_beats_the_live_model_is_promoted_and_served_by_every_w
     trainer = running.start(Trainer(s.updated(learn_escalation_rise=1.0, learn_agreement_drop=1.0)))
     ids = send(s, shop_messages()[:300], "good", rate=100.0)
     answers_of(s, set(ids))
-    deadline = time.monotonic() + 60
-    while len(trainer.store.held_out()) < 30 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    path = tmp_path / "packaged.npz"
-    lights[0].packaged.save(path)  # the pack's own model: far better than the shuffled one live
-    version = submit(store, path, "test", s)
-    while store.manifest(version)["status"] == "submitted" and time.monotonic() < deadline + 60:
-        time.sleep(0.5)
-    manifest = store.manifest(version)
+    buf = io.BytesIO()
+    lights[0].packaged.save(buf)  # the pack's own model: far better than the shuffled one live
+    manifest = judged(store, trainer, tmp_path, buf.getvalue(), s)
+    version = manifest["version"]
     assert manifest["status"] == "promoted", manifest
     agreement = manifest["evaluation"]["agreement"]
     assert agreement["lo"] > 0 and agreement["live"] < agreement["candidate"], agreement
     assert store.live() == version and store.history()[-1]["who"] == "trainer"
-    deadline = time.monotonic() + 10
-    while [m.version for m in lights] != [version, version] and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: [m.version for m in lights] == [version, version], 10)
     assert [m.version for m in lights] == [version, version]
 
 
@@ -201,9 +202,7 @@ def test_a_bad_model_forced_live_is_rolled_back_within_its_bound(
     store.set_live(version, "promote", "test", "forced: an operator's mistake", {"forced": True})
     after = send(s, rows[150:450], "after", rate=50.0)
     got = answers_of(s, set(after))
-    deadline = time.monotonic() + 30
-    while store.live() != PACKAGED and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_for(lambda: store.live() == PACKAGED, 30)
     assert store.live() == PACKAGED, store.history()
     rollback = store.history()[-1]
     assert rollback["action"] == "rollback" and rollback["who"] == "trainer" and rollback["previous"] == version
@@ -251,9 +250,7 @@ def test_one_user_flooding_one_wrong_label_through_the_topics_is_capped(
     for lab in labels:
         p.produce(topics_of(s).labels, orjson.dumps(lab), key=lab["request_id"])
     assert p.flush(30) == 0
-    deadline = time.monotonic() + 60
-    while sum(trainer.store.counts.values()) < 2200 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: sum(trainer.store.counts.values()) >= 2200, 60)
     kept = list(trainer.store.examples.values())
     assert sum(e.user == "mallory" for e in kept) == 20
     assert sum(e.user != "mallory" for e in kept) == 200
