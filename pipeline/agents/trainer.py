@@ -111,7 +111,7 @@ class Trainer:
         self.awaiting: OrderedDict[str, list[tuple[str, Source, int, float]]] = OrderedDict()
         self.live_records: dict[str, LiveRecord] = {}  # light model name -> its recent outcomes
         self.watching: tuple[str, dict[str, Any]] | None = None  # (promoted version, its parent's baseline)
-        self.live_version = self.models.live()
+        self.live_version = self._live_when_redis_answers()
         self.training: Training | None = None
         self.last_train = time.monotonic()
         self.trained = 0
@@ -121,6 +121,18 @@ class Trainer:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _live_when_redis_answers(self, timeout_s: float = 60.0) -> str:
+        """The live version; Redis slow or down at start (a loaded host, a restart) is waited for, not fatal."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.models.live()
+            except (redis.RedisError, OSError):
+                metrics.REDIS_ERRORS.labels("trainer").inc()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     # --- the loop ---
     def readiness(self) -> dict[str, bool]:
@@ -143,7 +155,11 @@ class Trainer:
                     if msg.error() is None:
                         self.handle(msg)
                 if time.monotonic() - last_tick >= 1.0:
-                    self.tick(int(time.time() * 1000))
+                    try:
+                        self.tick(int(time.time() * 1000))
+                    except (redis.RedisError, OSError) as e:  # decisions wait for Redis; examples keep coming
+                        metrics.REDIS_ERRORS.labels("trainer").inc()
+                        log.warning("trainer: Redis unavailable (%s); deciding again in a second", e)
                     last_tick = time.monotonic()
         finally:
             READINESS.release(self.readiness)
