@@ -139,6 +139,24 @@ def stream(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float, labe
         reader.stop()
 
 
+def backfill(s: Settings, r: redis.Redis) -> int:
+    """An operator's backfill for learning: the requests topic replayed once with `--shadow` through the backfill
+    lane (light and heavy run on every record, nobody is answered), so heavy answers the traffic it never saw.
+    Returns the examples the trainer accepted from it, once their flow stops."""
+    from pipeline.agents.replay import Replayer, TopicSource
+
+    before = sum(trainer_state(r, s).get("verdicts", {}).values())
+    source = TopicSource(name="learning-backfill", settings=s, topic=topics_of(s).requests)
+    Replayer(s).run(source, job="learning-backfill", shadow=True, max_live_slowdown=None)
+    offered, still = before, 0.0
+    while still < 10.0:  # until the replay's results stop reaching the trainer
+        time.sleep(1.0)
+        now = sum(trainer_state(r, s).get("verdicts", {}).values())
+        still = still + 1.0 if now == offered else 0.0
+        offered = now
+    return int(trainer_state(r, s).get("verdicts", {}).get("accepted", 0))
+
+
 def trainer_state(r: redis.Redis, s: Settings) -> dict[str, Any]:
     raw = r.get(Keys(s.redis.prefix).learn_state)
     return json.loads(raw) if raw else {}
@@ -198,6 +216,8 @@ def main() -> None:
     ap.add_argument("--retrain-every", type=int, default=300, help="new examples per retraining (300)")
     ap.add_argument("--per-minute", type=int, default=12_000,
                     help="the trainer's cap on examples a minute (12,000: the stream's own rate is not a flood)")
+    ap.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the stream, replay it once with --shadow (heavy on every record, nobody answered)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -251,6 +271,10 @@ def main() -> None:
                 time.sleep(0.2)
             unlabelled = stream(s, rows, "u", args.rate, labelled=False, timeout=600)
             settle(r, s, quiet_s=5, timeout=300)
+            backfilled = 0
+            if args.backfill:
+                backfilled = backfill(s, r)
+                settle(r, s, quiet_s=5, timeout=600)
             with_labels = stream(s, list(zip(labelled.texts, labelled.labels, strict=True)), "l", args.rate,
                                  labelled=True, timeout=300)
             settle(r, s, quiet_s=5, timeout=300)
@@ -287,7 +311,7 @@ def main() -> None:
     plot(points, full, png)
     print(body := report(args, points, full, promoted, rejected, rollbacks, manifests, unlabelled, with_labels,
                          state, float(heavy_right.mean()), seed_report, len(rows), len(labelled.texts),
-                         len(held.texts), minutes, png))
+                         len(held.texts), minutes, png, backfilled))
     if args.write:
         write_section("A cascade that learns from its own traffic", body)
 
@@ -296,7 +320,7 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, promoted:
            rejected: list[dict[str, Any]], rollbacks: list[dict[str, Any]], manifests: dict[str, dict[str, Any]],
            unlabelled: dict[str, int], with_labels: dict[str, int], state: dict[str, Any], heavy_acc: float,
            seed_report: dict[str, Any], n_stream: int, n_labelled: int, n_eval: int, minutes: float,
-           png: Path) -> str:
+           png: Path, backfilled: int) -> str:
     def pct(x: float | None) -> str:
         return "not reached" if x is None else f"{x:.1%}"
 
@@ -329,8 +353,10 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, promoted:
         f"{args.seed}); {n_stream:,} messages of the other 90% stream through the embedded pipeline at "
         f"{args.rate:.0f} msg/s as unlabelled traffic (heavy budget {args.budget:.0%}, {args.shadow:.0%} of light's "
         f"traffic shadowed on heavy; the trainer's defaults but retraining every {args.retrain_every} new examples "
-        f"and accepting {args.per_minute:,} a minute), then {n_labelled:,} messages of test (10%) as labelled "
-        f"traffic. Every promoted "
+        f"and accepting {args.per_minute:,} a minute), "
+        + (f"then the stream replayed once through the backfill lane with `--shadow` (heavy on every record, "
+           f"nobody answered; {backfilled:,} examples accepted by the end of it), " if args.backfill else "")
+        + f"then {n_labelled:,} messages of test (10%) as labelled traffic. Every promoted "
         f"version is measured on the other {n_eval:,} messages of test, never streamed; heavy (the banking pack's "
         f"MiniLM, the teacher) is {heavy_acc:.2%} on them. Run time {minutes:.0f} min.\n\n"
         + "\n".join(rows) + "\n\n"
