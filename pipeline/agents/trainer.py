@@ -298,7 +298,8 @@ class Trainer:
                "--report", str(workdir / "report.json")]
         cmd += ["--seed-csv", str(self.cfg.seed_data)] if self.cfg.seed_data else ["--domain", self.s.domain]
         log.info("trainer: retraining on %d examples (parent %s)", len(examples), self.live_version)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=(workdir / "stderr").open("wb"))
+        with (workdir / "stderr").open("wb") as err:  # the child keeps its own descriptor: ours is closed here
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         return Training(proc, workdir, self.live_version, examples, time.monotonic())
 
     def _finish_training(self, t: Training) -> None:
