@@ -52,7 +52,6 @@ class LiveLightModel:
         with a model that was replaced), then watch the pointer."""
         self.packaged.setup(device)
         try:
-            self._store = ModelStore(make_redis(self.settings), self.settings.redis.prefix)
             self.refresh()
         except (redis.RedisError, OSError) as e:
             log.warning("light model: Redis unavailable (%s); serving %s until it answers", e, self.version)
