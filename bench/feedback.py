@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,9 @@ import redis
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from confluent_kafka import TopicPartition
-
 from bench.common import ROOT, drop_topics, embedded_services, fresh_topics, recorded, write_section
 from pipeline.adapters.kafka import (
-    make_consumer,
+    Tail,
     make_producer,
     produce,
     topics_of,
@@ -115,20 +112,22 @@ def fill(s: Settings, topic: str, msgs: list[bytes]) -> None:
 def check_kept(s: Settings, topic: str, n: int, settle_s: float = 3.0) -> None:
     """Fail unless the topic holds all n records from offset 0 for `settle_s` (noida applies a topic's bound a
     fraction of a second after the writes, measured 0.3-0.7 s): a bounded topic would have the agent wait for
-    deleted records until the round times out."""
-    c = make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}")
+    deleted records until the round times out. A Tail reads the offsets because it knows tansu's ListOffsets count
+    batches, not records."""
     deadline = time.monotonic() + settle_s
-    try:
-        while True:
-            marks = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in range(s.partitions)]
-            if any(low for low, _ in marks) or sum(high for _, high in marks) != n:
-                raise SystemExit(f"{topic} does not hold the {n} records produced (a retention bound?): "
-                                 f"(low, high) offsets per partition {marks}")
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.1)
-    finally:
-        c.close()
+    while True:
+        tail = Tail(s, topic, start="beginning", timeout=30)
+        try:
+            lows, highs = dict(tail.next), dict(tail.ends)
+        finally:
+            tail.close()
+        if any(lows.values()) or sum(highs.values()) != n:
+            marks = [(lows[p], highs[p]) for p in sorted(highs)]
+            raise SystemExit(f"{topic} does not hold the {n} records produced (a retention bound?): "
+                             f"(low, high) offsets per partition {marks}")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.5)
 
 
 def observed(r: redis.Redis, key: str) -> int:
