@@ -280,11 +280,12 @@ def main() -> None:
             settle(r, s, quiet_s=5, timeout=300)
             state = trainer_state(r, s)
             history = models.history()
-            promoted = [e for e in history if e["action"] == "promote" and e["who"] == "trainer"]
-            rejected = [e for e in history if e["action"] == "reject"]
+            decided = [e for e in history if e["action"] in ("promote", "reject") and e["who"] == "trainer"]
+            promoted = [e for e in decided if e["action"] == "promote"]
+            rejected = [e for e in decided if e["action"] == "reject"]
             rollbacks = [e for e in history if e["action"] == "rollback"]
-            weights = {e["version"]: models.weights(e["version"]) for e in promoted}
-            manifests = {e["version"]: models.manifest(e["version"]) for e in promoted}
+            weights = {e["version"]: models.weights(e["version"]) for e in decided}
+            manifests = {e["version"]: models.manifest(e["version"]) for e in decided}
         finally:
             stack.stop()
     minutes = (time.monotonic() - t_start) / 60
@@ -300,42 +301,47 @@ def main() -> None:
     def load(blob: bytes) -> CharNgramClassifier:
         return CharNgramClassifier.load(io.BytesIO(blob), labels)
 
-    points = [measure("seed (10% of train)", 0, load(seed_weights), held.texts, truth, heavy_right, args.budget)]
-    for e in promoted:
-        m = manifests[e["version"]]
-        points.append(measure(e["version"], int(m["data"]["examples"]), load(weights[e["version"]]), held.texts,
-                              truth, heavy_right, args.budget))
+    seed_point = measure("seed (10% of train)", 0, load(seed_weights), held.texts, truth, heavy_right, args.budget)
+    measured = {v: measure(v, int(m["data"]["examples"]), load(weights[v]), held.texts, truth, heavy_right,
+                           args.budget) for v, m in manifests.items()}
+    points = [seed_point] + [measured[e["version"]] for e in promoted]
     full = measure("light trained on all of train", len(train.texts), full_light, held.texts, truth, heavy_right,
                    args.budget)
     png = PNG if args.write else work / "learning.png"
     plot(points, full, png)
-    print(body := report(args, points, full, promoted, rejected, rollbacks, manifests, unlabelled, with_labels,
+    print(body := report(args, points, full, decided, measured, rejected, rollbacks, manifests, unlabelled,
+                         with_labels,
                          state, float(heavy_right.mean()), seed_report, len(rows), len(labelled.texts),
                          len(held.texts), minutes, png, backfilled))
     if args.write:
         write_section("A cascade that learns from its own traffic", body)
 
 
-def report(args: argparse.Namespace, points: list[Point], full: Point, promoted: list[dict[str, Any]],
-           rejected: list[dict[str, Any]], rollbacks: list[dict[str, Any]], manifests: dict[str, dict[str, Any]],
+def report(args: argparse.Namespace, points: list[Point], full: Point, decided: list[dict[str, Any]],
+           measured: dict[str, Point], rejected: list[dict[str, Any]], rollbacks: list[dict[str, Any]],
+           manifests: dict[str, dict[str, Any]],
            unlabelled: dict[str, int], with_labels: dict[str, int], state: dict[str, Any], heavy_acc: float,
            seed_report: dict[str, Any], n_stream: int, n_labelled: int, n_eval: int, minutes: float,
            png: Path, backfilled: int) -> str:
     def pct(x: float | None) -> str:
         return "not reached" if x is None else f"{x:.1%}"
 
-    rows = ["| light model | trained on (besides the seed) | evidence at promotion (agreement with heavy, held out) "
-            "| light-only accuracy | cascade accuracy at the budget | heavy share for 93.5% |",
+    rows = ["| light model | trained on (besides the seed) | decision: agreement with heavy on held-out traffic, "
+            "candidate vs live | light-only accuracy | cascade accuracy at the budget | heavy share for 93.5% |",
             "|---|---:|---|---:|---:|---:|"]
-    for i, p in enumerate(points):
-        ev = "-"
-        if i > 0:
-            a = manifests[promoted[i - 1]["version"]]["evaluation"]["agreement"]
-            ev = f"{a['candidate']:.1%} vs {a['live']:.1%}, delta [{a['lo']:+.1%}, {a['hi']:+.1%}] (n={a['n']})"
-        rows.append(f"| {p.name} | {p.examples:,} | {ev} | {p.light:.2%} | {p.cascade:.2%} | "
-                    f"{pct(p.share_needed)} |")
-    rows.append(f"| {full.name} (reference) | {full.examples:,} | - | {full.light:.2%} | {full.cascade:.2%} | "
-                f"{pct(full.share_needed)} |")
+
+    def row(p: Point, ev: str) -> str:
+        return (f"| {p.name} | {p.examples:,} | {ev} | {p.light:.2%} | {p.cascade:.2%} | "
+                f"{pct(p.share_needed)} |")
+
+    rows.append(row(points[0], "the start"))
+    for e in decided:
+        a = manifests[e["version"]]["evaluation"]["agreement"]
+        verdict = "**promoted**" if e["action"] == "promote" else "rejected"
+        rows.append(row(measured[e["version"]], f"{verdict}: {a['candidate']:.1%} vs {a['live']:.1%}, delta "
+                                                f"[{a['lo']:+.1%}, {a['hi']:+.1%}] (n={a['n']})"))
+    rows.append(row(Point(f"{full.name} (reference)", full.examples, full.light, full.cascade, full.share_needed),
+                    "-"))
     start, end = points[0], points[-1]
     within = full.light - end.light <= 0.01
     if start.share_needed and end.share_needed is not None:
@@ -363,8 +369,9 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, promoted:
         f"- Light-only accuracy within 1 point of a light model trained on all of train: {end.light:.2%} vs "
         f"{full.light:.2%}: **{'met' if within else 'not met'}**.\n"
         f"- Heavy share needed for {TARGET:.1%} falls by >= 30%: {fall_txt}: **{'met' if fall_ok else 'not met'}**.\n"
-        f"- The trainer: {len(promoted)} promoted, {len(rejected)} rejected (their interval did not clear the "
-        f"margin), {len(rollbacks)} rolled back; examples offered: {verdicts}.\n"
+        f"- The trainer: {len(points) - 1} promoted, {len(rejected)} rejected (their interval did not clear the "
+        f"margin), {len(rollbacks)} rolled back; examples offered: {verdicts}. Every candidate is measured on the "
+        f"evaluation slice (rejected ones too: the gate's decisions can be checked).\n"
         f"- Answers during the unlabelled stream: light {unlabelled.get('light', 0) / total:.1%}, heavy "
         f"{heavy_share:.1%} against the {args.budget:.0%} budget: "
         + ("held" if heavy_share <= args.budget + 0.02 else

@@ -30,7 +30,8 @@ def train_charngram(split: Split, cfg: TrainConfig, ctx: dict[str, Any]) -> Char
         if best is None or acc > best[0]:
             best = (acc, l2, model)
     assert best is not None
-    _, l2, model = best
+    val_acc, l2, model = best
+    ctx["charngram_val_accuracy"], ctx["charngram_l2"] = val_acc, l2  # before the refit: on data it did not fit
     val_logits = model.logits(split.val.texts)
     ctx["charngram_val_logits"] = val_logits  # the heavy model's fusion weight is picked on these
     temperature = fit_temperature(val_logits, split.y_val)
