@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -85,6 +86,9 @@ class Training:
     parent: str
     examples: list[Example]
     started: float
+    # Read once when the child exits (its files are then removed); stored and judged until Redis takes them.
+    output: tuple[bytes, dict[str, Any]] | None = None
+    version: str | None = None
 
 
 class Trainer:
@@ -166,6 +170,8 @@ class Trainer:
             beat.stop()
             if self.training is not None:
                 self.training.proc.kill()
+                self.training.proc.wait()
+                shutil.rmtree(self.training.workdir, ignore_errors=True)
             consumer.close()
 
     def _start_positions(self, consumer: Consumer) -> list[TopicPartition]:
@@ -273,8 +279,10 @@ class Trainer:
     def tick(self, now_ms: int) -> None:
         self._follow_pointer()
         if self.training is not None:
-            if self.training.proc.poll() is not None:
-                self._finish_training(self.training)
+            t = self.training
+            if t.proc.poll() is not None:
+                if t.output is not None or self._collect(t):
+                    self._store(t)  # a Redis error leaves `t` for the next tick, which stores what was read
                 self.training = None
         elif self._due():
             self.training = self._start_training(now_ms)
@@ -302,22 +310,28 @@ class Trainer:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         return Training(proc, workdir, self.live_version, examples, time.monotonic())
 
-    def _finish_training(self, t: Training) -> None:
+    def _collect(self, t: Training) -> bool:
+        """Read a finished child's weights and report into `t` and remove its files; False if it failed."""
         try:
             if t.proc.returncode != 0:
                 err = (t.workdir / "stderr").read_text(errors="replace").strip().splitlines()
                 log.error("trainer: retraining failed (%s): %s", t.proc.returncode, err[-1] if err else "")
                 metrics.LEARN_TRAININGS.labels("failed").inc()
-                return
-            weights = (t.workdir / "model.npz").read_bytes()
-            report = json.loads((t.workdir / "report.json").read_text())
+                return False
+            t.output = (t.workdir / "model.npz").read_bytes(), json.loads((t.workdir / "report.json").read_text())
         finally:
             for f in t.workdir.iterdir():
                 f.unlink()
             t.workdir.rmdir()
         self.trained += 1
         metrics.LEARN_TRAININGS.labels("done").inc()
-        version = version_name(t.examples)
+        return True
+
+    def _store(self, t: Training) -> None:
+        """Store a retraining's version with its manifest, then judge it (named once: a retry rewrites the same)."""
+        assert t.output is not None
+        weights, report = t.output
+        version = t.version = t.version or version_name(t.examples)
         by_source = {s.value: sum(e.source is s for e in t.examples) for s in Source}
         manifest = {
             "version": version, "parent": t.parent, "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -328,16 +342,22 @@ class Trainer:
                      "seed": str(self.cfg.seed_data) if self.cfg.seed_data else f"domain:{self.s.domain}"},
             "training": {**report, "seconds_wall": round(time.monotonic() - t.started, 1)},
         }
-        self.models.put(version, weights, manifest)
+        if version != self.live_version:  # else: promoted before Redis failed; only its status is left to write
+            self.models.put(version, weights, manifest)
         self.consider(version)
 
     def consider(self, version: str) -> Decision:
         """Shadow-evaluate `version` against the live model on the held-out examples; promote or reject it."""
+        if version == self.live_version:  # promoted, then Redis failed before its status was written
+            self.models.update_manifest(version, status="promoted")
+            return Decision(True, "already live")
         candidate = self._model(version)
         live = self._model(self.live_version)
         deltas = self.evaluate(candidate, live)
         evidence: dict[str, Any] = {k: d.as_dict() for k, d in deltas.items()}
         decision = decide_promotion(deltas["agreement"], deltas["labelled"], self.promotion)
+        # The evidence first: kept if Redis fails below (a retry then finds the version live, or judges it again).
+        self.models.update_manifest(version, evaluation=evidence, decision=decision.why)
         if decision.promote:  # the pointer first: a reader that sees the status promoted finds it live
             baseline = self._record_of(self.live_version).summary()
             self.models.set_live(version, "promote", WHO, decision.why, {**evidence, "parent_baseline": baseline})
@@ -346,8 +366,7 @@ class Trainer:
         else:
             self.models.record("reject", version, WHO, decision.why, evidence)
             metrics.LEARN_DECISIONS.labels("reject").inc()
-        self.models.update_manifest(version, status="promoted" if decision.promote else "rejected",
-                                    evaluation=evidence, decision=decision.why)
+        self.models.update_manifest(version, status="promoted" if decision.promote else "rejected")
         log.info("trainer: %s %s: %s", "promoted" if decision.promote else "rejected", version, decision.why)
         return decision
 
@@ -420,7 +439,7 @@ class Trainer:
     # --- what `tierflow models list` shows ---
     def state(self, now_ms: int) -> dict[str, Any]:
         return {"at_ms": now_ms, "live": self.live_version, "examples": len(self.store.examples),
-                "training_examples": len(self.store.training()), "held_out": len(self.store.held_out()),
+                "training_examples": self.store.n_training, "held_out": self.store.n_held_out,
                 "new_since_training": self.store.new_training, "trainings": self.trained,
                 "awaiting_text": len(self.awaiting),
                 "training_now": self.training is not None,

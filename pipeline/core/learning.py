@@ -88,6 +88,7 @@ class ExampleStore:
     _minute: int = -1
     _in_minute: int = 0
     new_training: int = 0  # training examples accepted since the last `take_training`
+    n_held_out: int = 0  # of `examples`, kept as they change: the agent reports it every tick
 
     def offer(self, request_id: str, text: str | None, intent: str, source: Source, user: str, now_ms: int,
               confidence: float = 1.0, lang: str = "en") -> Verdict:
@@ -99,10 +100,12 @@ class ExampleStore:
             old = self.examples.pop(request_id, None)
             if old is not None:
                 self.per_user[old.user] -= 1
+                self.n_held_out -= old.held_out
             ex = Example(request_id, text, intent, source, user, now_ms,
                          held_out=in_sample(request_id, self.guards.holdout))
             self.examples[request_id] = ex
             self.per_user[user] += 1
+            self.n_held_out += ex.held_out
             if not ex.held_out:
                 self.new_training += 1
             self._in_minute += 1
@@ -139,9 +142,14 @@ class ExampleStore:
             if len(self.examples) <= self.guards.window and ex.at_ms >= cutoff:
                 break
             del self.examples[rid]
+            self.n_held_out -= ex.held_out
             self.per_user[ex.user] -= 1
             if self.per_user[ex.user] <= 0:
                 del self.per_user[ex.user]
+
+    @property
+    def n_training(self) -> int:
+        return len(self.examples) - self.n_held_out
 
     def training(self) -> list[Example]:
         return [e for e in self.examples.values() if not e.held_out]

@@ -24,6 +24,7 @@ from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.agents.ingest import Ingest
 from pipeline.agents.trainer import Trainer
 from pipeline.contracts.topics import Tier
+from pipeline.core.learning import Source
 from pipeline.ops.models import submit
 from pipeline.settings import Settings
 from tests.conftest import Running
@@ -256,3 +257,37 @@ def test_one_user_flooding_one_wrong_label_through_the_topics_is_capped(
     assert sum(e.user != "mallory" for e in kept) == 200
     assert trainer.store.examples["ok-0"].intent == rows[0][1]  # the out-of-schema label changed nothing
     assert sum(e.intent == "get_refund" for e in kept) == 20  # none of the honest rows is a refund
+
+
+def test_a_retraining_that_finishes_while_redis_refuses_writes_is_stored_once_redis_is_back(
+        settings_factory: Callable[..., Settings], tmp_path: Path) -> None:
+    """Redis stops taking writes (CLIENT PAUSE WRITE) as a retraining finishes: the tick that stores it fails, the
+    weights read from the finished child are kept, and the next tick stores and judges them as one version."""
+    rows = shop_messages()
+    seed = tmp_path / "seed.csv"
+    with seed.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("text", "category"), *rows[:300]])
+    s = settings_factory(zh_model="", learn_seed_data=seed, learn_retrain_every=50, learn_per_minute=10**6)
+    admin = redis.Redis.from_url(s.redis.address)
+    trainer = Trainer(s, redis.Redis.from_url(s.redis.address, socket_timeout=0.5))
+    now = int(time.time() * 1000)
+    for i, (text, intent) in enumerate(rows[300:400]):
+        trainer.store.offer(f"r{i}", text, intent, Source.LABEL, f"u{i}", now)
+    trainer.tick(now)
+    assert trainer.training is not None
+    trainer.training.proc.wait(120)
+    admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+    try:
+        with pytest.raises(redis.RedisError):
+            trainer.tick(now)
+        assert trainer.training is not None and trainer.training.output is not None
+        assert not trainer.training.workdir.exists()  # read once: the child's files are gone
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    trainer.tick(now)
+    assert trainer.training is None and trainer.trained == 1
+    store = ModelStore(admin, s.redis.prefix)
+    [version] = [v for v in store.versions() if v != PACKAGED]
+    manifest = store.manifest(version)
+    assert manifest["status"] in ("promoted", "rejected") and "agreement" in manifest["evaluation"], manifest
+    assert [e["version"] for e in store.history() if e["action"] in ("promote", "reject")] == [version]

@@ -39,7 +39,7 @@ def test_a_label_replaces_heavys_guess_and_a_second_heavy_answer_is_a_duplicate(
     assert s.examples["r1"].intent == "track_order" and s.examples["r1"].source is Source.LABEL
     # a replayed heavy answer after the label changes nothing
     assert s.offer("r1", "where is it", "cancel_order", Source.HEAVY, "u1", T0, 0.99) is Verdict.DUPLICATE
-    assert len(s.examples) == 1 and s.per_user["u1"] == 1
+    assert len(s.examples) == 1 and s.per_user["u1"] == 1 and s.n_held_out + s.n_training == 1
 
 
 def test_unsure_heavy_unknown_intents_missing_text_and_chinese_are_refused() -> None:
@@ -78,8 +78,10 @@ def test_the_window_drops_the_oldest_and_frees_their_users_quota() -> None:
     for i in range(150):
         s.offer(f"r{i}", "t", "track_order", Source.LABEL, "u", T0 + i)
     assert len(s.examples) == 100 and next(iter(s.examples)) == "r50" and s.per_user["u"] == 100
+    assert s.n_held_out == len(s.held_out()) > 0 and s.n_training == len(s.training())  # kept across the drops
     s.offer("late", "t", "track_order", Source.LABEL, "u", T0 + 20_000)
     assert list(s.examples) == ["late"]
+    assert s.n_held_out == len(s.held_out()) and s.n_training == len(s.training())
 
 
 def test_held_out_ids_are_never_training_examples() -> None:
@@ -89,6 +91,7 @@ def test_held_out_ids_are_never_training_examples() -> None:
     held = {e.request_id for e in s.held_out()}
     train = {e.request_id for e in s.take_training()}
     assert not held & train and len(held) + len(train) == 2000
+    assert (s.n_held_out, s.n_training) == (len(held), len(train))
     assert 0.2 < len(held) / 2000 < 0.3
     assert s.new_training == 0
 
