@@ -214,6 +214,9 @@ def main() -> None:
                     help="share of light's traffic shadowed on heavy (0.5, the most the thresholds allow: more "
                          "of heavy's answers to learn from, at no cost to the answers' heavy share)")
     ap.add_argument("--retrain-every", type=int, default=300, help="new examples per retraining (300)")
+    ap.add_argument("--retrain-s", type=float, default=180.0,
+                    help="retrain on whatever is new this long after the last retraining (180 s; the default 600 "
+                         "would only lengthen the run)")
     ap.add_argument("--per-minute", type=int, default=12_000,
                     help="the trainer's cap on examples a minute (12,000: the stream's own rate is not a flood)")
     ap.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=True,
@@ -248,7 +251,8 @@ def main() -> None:
     with embedded_services() as base:
         # The agents are child processes: what this run changes reaches them as environment variables.
         env = {"TIERFLOW_ZH_MODEL": "", "TIERFLOW_LEARN_SEED_DATA": str(seed_csv),
-               "TIERFLOW_LEARN_RETRAIN_EVERY": str(args.retrain_every), "TIERFLOW_LEARN_RETRAIN_S": "20",
+               "TIERFLOW_LEARN_RETRAIN_EVERY": str(args.retrain_every),
+               "TIERFLOW_LEARN_RETRAIN_S": str(args.retrain_s),
                "TIERFLOW_LEARN_PER_MINUTE": str(args.per_minute)}
         s = fresh_topics(base, backlog=True).updated(domain="banking", zh_model="")
         r = redis.Redis.from_url(s.redis.address)
@@ -277,7 +281,7 @@ def main() -> None:
                 settle(r, s, quiet_s=5, timeout=600)
             with_labels = stream(s, list(zip(labelled.texts, labelled.labels, strict=True)), "l", args.rate,
                                  labelled=True, timeout=300)
-            settle(r, s, quiet_s=5, timeout=300)
+            settle(r, s, quiet_s=5, timeout=args.retrain_s + 600)  # the last examples too: on time, then trained
             state = trainer_state(r, s)
             history = models.history()
             decided = [e for e in history if e["action"] in ("promote", "reject") and e["who"] == "trainer"]
@@ -358,8 +362,9 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         f"BANKING77: the light model starts from 10% of train ({seed_report['n_train']:,} messages, stratified, seed "
         f"{args.seed}); {n_stream:,} messages of the other 90% stream through the embedded pipeline at "
         f"{args.rate:.0f} msg/s as unlabelled traffic (heavy budget {args.budget:.0%}, {args.shadow:.0%} of light's "
-        f"traffic shadowed on heavy; the trainer's defaults but retraining every {args.retrain_every} new examples "
-        f"and accepting {args.per_minute:,} a minute), "
+        f"traffic shadowed on heavy; the trainer's defaults but retraining after {args.retrain_every} new examples "
+        f"(and {Settings().learn.retrain_growth:.0%} of the last retraining's) or {args.retrain_s:.0f} s, and "
+        f"accepting {args.per_minute:,} a minute), "
         + (f"then the stream replayed once through the backfill lane with `--shadow` (heavy on every record, "
            f"nobody answered; {backfilled:,} examples accepted by the end of it), " if args.backfill else "")
         + f"then {n_labelled:,} messages of test (10%) as labelled traffic. Every promoted "
@@ -370,8 +375,9 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         f"{full.light:.2%}: **{'met' if within else 'not met'}**.\n"
         f"- Heavy share needed for {TARGET:.1%} falls by >= 30%: {fall_txt}: **{'met' if fall_ok else 'not met'}**.\n"
         f"- The trainer: {len(points) - 1} promoted, {len(rejected)} rejected (their interval did not clear the "
-        f"margin), {len(rollbacks)} rolled back; examples offered: {verdicts}. Every candidate is measured on the "
-        f"evaluation slice (rejected ones too: the gate's decisions can be checked).\n"
+        f"margin), {len(rollbacks)} rolled back; examples offered: {verdicts}; held at the end: "
+        f"{state.get('training_examples', 0):,} to train on, {state.get('held_out', 0):,} held out. Every candidate "
+        f"is measured on the evaluation slice (rejected ones too: the gate's decisions can be checked).\n"
         f"- Answers during the unlabelled stream: light {unlabelled.get('light', 0) / total:.1%}, heavy "
         f"{heavy_share:.1%} against the {args.budget:.0%} budget: "
         + ("held" if heavy_share <= args.budget + 0.02 else

@@ -271,6 +271,8 @@ class LearnSection(Section):
     hot_swap: bool = Field(True, description="light workers serve the version the live pointer in Redis names")
     heavy_floor: float = Field(0.8, ge=0.0, le=1.0, description="a heavy answer is an example only this sure")
     retrain_every: int = Field(500, ge=1, description="retrain after this many new training examples")
+    retrain_growth: float = Field(0.25, ge=0.0, description="... and at least this share of the examples the last "
+                                  "retraining used (a few more examples rarely make a better model)")
     retrain_s: float = Field(600.0, gt=0, description="... or this long after the last training, with any new")
     window: int = Field(50_000, ge=1, description="examples kept at most (oldest dropped first)")
     window_s: float = Field(7 * 24 * 3600.0, gt=0, description="examples older than this are dropped; also how "

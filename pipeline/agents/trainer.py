@@ -9,10 +9,11 @@ log on a restart, so a crash loses nothing and needs no snapshot):
 - `tierflow.labels` (and a request's own `label`): ground truth, which replaces heavy's guess for its request.
 The decisions (what is an example, when to promote, when to roll back) are `pipeline/core/learning.py`'s.
 
-Retraining runs `python -m workers.training.online` as a child process after `retrain_every` new examples (or
-`retrain_s` with any), never on the loop. The candidate and the live model then answer the held-out examples;
-promotion moves the live pointer in Redis (pipeline/adapters/model_store.py) and every light worker hot-swaps
-(workers/models/live.py). Each decision is in the model history with who, why and the evidence.
+Retraining runs `python -m workers.training.online` as a child process once new examples reach `retrain_every` and
+`retrain_growth` of the last retraining's (or after `retrain_s` with any), never on the loop. The candidate and the
+live model then answer the held-out examples; promotion moves the live pointer in Redis
+(pipeline/adapters/model_store.py) and every light worker hot-swaps (workers/models/live.py). Each decision is in
+the model history with who, why and the evidence.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from pipeline.core.learning import (
     Guards,
     LiveRecord,
     PromotionPolicy,
+    RetrainPolicy,
     RollbackPolicy,
     Source,
     Verdict,
@@ -66,6 +68,7 @@ from pipeline.core.learning import (
     decide_promotion,
     decide_rollback,
     paired_delta,
+    retrain_due,
 )
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
@@ -106,6 +109,7 @@ class Trainer:
             heavy_floor=cfg.heavy_floor, per_user=cfg.per_user, per_minute=cfg.per_minute, holdout=cfg.holdout,
             window=cfg.window, window_ms=int(cfg.window_s * 1000)))
         self.promotion = PromotionPolicy(cfg.margin, cfg.label_margin, cfg.min_eval, cfg.min_labels)
+        self.retrain = RetrainPolicy(cfg.retrain_every, cfg.retrain_growth, cfg.retrain_s)
         self.rollback_policy = RollbackPolicy(cfg.escalation_rise, cfg.agreement_drop, cfg.watch_results)
         # request id -> (text, user, lang): what a later answer or label is joined with
         self.texts: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
@@ -118,6 +122,7 @@ class Trainer:
         self.live_version = self._live_when_redis_answers()
         self.training: Training | None = None
         self.last_train = time.monotonic()
+        self.last_used = 0  # training examples the last retraining used
         self.trained = 0
         self._loaded: dict[str, CharNgramClassifier] = {}
         self._stop = threading.Event()
@@ -291,12 +296,11 @@ class Trainer:
         self.save_state(now_ms)
 
     def _due(self) -> bool:
-        new = self.store.new_training
-        return new >= self.cfg.retrain_every or (new > 0 and time.monotonic() - self.last_train >= self.cfg.retrain_s)
+        return retrain_due(self.store.new_training, self.last_used, time.monotonic() - self.last_train, self.retrain)
 
     def _start_training(self, now_ms: int) -> Training:
         examples = self.store.take_training()
-        self.last_train = time.monotonic()
+        self.last_train, self.last_used = time.monotonic(), len(examples)
         workdir = Path(tempfile.mkdtemp(prefix="tierflow-learn-"))
         (workdir / "examples.jsonl").write_bytes(b"".join(
             orjson.dumps({"text": e.text, "intent": e.intent}) + b"\n" for e in examples))

@@ -198,6 +198,24 @@ def paired_delta(candidate_right: Sequence[bool], live_right: Sequence[bool]) ->
 
 
 @dataclass(frozen=True, slots=True)
+class RetrainPolicy:
+    every: int = 500  # new training examples at least
+    growth: float = 0.25  # ... and at least this share of what the last retraining used
+    every_s: float = 600.0  # or, with any new, this long after the last one
+
+
+def retrain_due(new: int, last_used: int, since_s: float, policy: RetrainPolicy) -> bool:
+    """Whether to retrain, `new` training examples having arrived `since_s` after the last retraining, which used
+    `last_used`. A learning curve flattens: a few percent more data rarely moves a model past the promotion
+    interval (measured on BANKING77: +8 examples gave the same model, +16% a worse L2 pick by noise), and each
+    retraining costs CPU-minutes at a full window; so new data must grow the set by `growth` too. `every_s` with
+    any new still retrains a full window whose oldest examples were replaced."""
+    if new <= 0:
+        return False
+    return new >= max(policy.every, policy.growth * last_used) or since_s >= policy.every_s
+
+
+@dataclass(frozen=True, slots=True)
 class PromotionPolicy:
     margin: float = 0.0  # the agreement delta's lower bound must exceed this
     label_margin: float = 0.0  # the labelled delta's upper bound must reach this (the labels do not show it worse)

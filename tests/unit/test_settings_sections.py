@@ -112,6 +112,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_LEARN_HEAVY_FLOOR': 0.8,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_RETRAIN_EVERY': 500,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_RETRAIN_S': 600.0,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_RETRAIN_GROWTH': 0.25,  # added after the pin (issue 22: retrain on a grown set)
     'TIERFLOW_LEARN_WINDOW': 50000,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_WINDOW_S': 604800.0,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_PER_USER': 50,  # added after the pin (issue 22: the learning loop)

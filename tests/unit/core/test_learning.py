@@ -15,12 +15,14 @@ from pipeline.core.learning import (
     Guards,
     LiveRecord,
     PromotionPolicy,
+    RetrainPolicy,
     RollbackPolicy,
     Source,
     Verdict,
     decide_promotion,
     decide_rollback,
     paired_delta,
+    retrain_due,
 )
 
 LABELS = frozenset({"track_order", "cancel_order", "get_refund"})
@@ -152,3 +154,11 @@ def test_rollback_when_escalations_rise_or_agreement_falls_past_the_bound() -> N
         bad.pair(agreed=i % 2 == 0)
     assert "agreement" in (decide_rollback(bad, baseline, policy) or "")
     assert decide_rollback(bad, {"escalation_rate": None, "agreement": None}, policy) is None
+
+
+def test_a_retraining_waits_for_enough_new_data_and_a_grown_set() -> None:
+    p = RetrainPolicy(every=500, growth=0.25, every_s=600.0)
+    assert not retrain_due(499, 0, 10.0, p) and retrain_due(500, 0, 10.0, p)  # the first: `every`
+    assert not retrain_due(999, 4000, 10.0, p) and retrain_due(1000, 4000, 10.0, p)  # then 25% more as well
+    assert retrain_due(1, 40_000, 600.0, p)  # a full window that moved on: retrained on time
+    assert not retrain_due(0, 40_000, 10**6, p)  # nothing new: nothing to learn
