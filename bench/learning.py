@@ -321,6 +321,20 @@ def main() -> None:
         write_section("A cascade that learns from its own traffic", body)
 
 
+def last_candidate(decided: list[dict[str, Any]], measured: dict[str, Point], manifests: dict[str, dict[str, Any]],
+                   full: Point) -> str:
+    """A line on the last candidate when the gate refused it: what the model trained on the most reached, and
+    the interval it could not clear."""
+    if not decided or decided[-1]["action"] != "reject":
+        return ""
+    p, a = measured[decided[-1]["version"]], manifests[decided[-1]["version"]]["evaluation"]["agreement"]
+    return (f"- The last candidate, trained on the most ({p.examples:,}), reaches {p.light:.2%} light-only "
+            f"({(full.light - p.light) * 100:.2f} points from the reference), but the gate could not tell it from "
+            f"the live model: agreement delta [{a['lo']:+.1%}, {a['hi']:+.1%}] on {a['n']:,} held-out answers. At "
+            f"this traffic the interval is about {(a['hi'] - a['lo']) * 50:.1f} points either side, more than the "
+            f"last point of accuracy moves agreement with heavy; it narrows as 1/sqrt(n) with held-out traffic.\n")
+
+
 def report(args: argparse.Namespace, points: list[Point], full: Point, decided: list[dict[str, Any]],
            measured: dict[str, Point], rejected: list[dict[str, Any]], rollbacks: list[dict[str, Any]],
            manifests: dict[str, dict[str, Any]],
@@ -373,7 +387,8 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         + "\n".join(rows) + "\n\n"
         f"- Light-only accuracy within 1 point of a light model trained on all of train: {end.light:.2%} vs "
         f"{full.light:.2%}: **{'met' if within else 'not met'}**.\n"
-        f"- Heavy share needed for {TARGET:.1%} falls by >= 30%: {fall_txt}: **{'met' if fall_ok else 'not met'}**.\n"
+        + last_candidate(decided, measured, manifests, full)
+        + f"- Heavy share needed for {TARGET:.1%} falls by >= 30%: {fall_txt}: **{'met' if fall_ok else 'not met'}**.\n"
         f"- The trainer: {len(points) - 1} promoted, {len(rejected)} rejected (their interval did not clear the "
         f"margin), {len(rollbacks)} rolled back; examples offered: {verdicts}; held at the end: "
         f"{state.get('training_examples', 0):,} to train on, {state.get('held_out', 0):,} held out. Every candidate "
