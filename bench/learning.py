@@ -92,6 +92,7 @@ class TierCounter(AnswerReader):
     def __init__(self, s: Settings, ids: list[str]) -> None:
         super().__init__(s, topics_of(s).answers, ids)
         self.tiers: dict[str, int] = {}
+        self.order: list[str] = []  # tiers in the order the answers came
         self.wanted = set(ids)
 
     def take(self, m: Message, now: float) -> None:
@@ -100,6 +101,7 @@ class TierCounter(AnswerReader):
             a = orjson.loads(m.value() or b"{}")
             if a.get("request_id") in self.wanted:
                 self.tiers[a["tier"]] = self.tiers.get(a["tier"], 0) + 1
+                self.order.append(a["tier"])
 
 
 def send(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float, labelled: bool) -> list[str]:
@@ -123,8 +125,9 @@ def send(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float, labell
 
 
 def stream(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float, labelled: bool,
-           timeout: float) -> dict[str, int]:
-    """Send `rows` and wait for every answer; answers per tier."""
+           timeout: float) -> tuple[dict[str, int], float]:
+    """Send `rows` and wait for every answer; answers per tier, and heavy's share of the second half of them
+    (the controller has had the first half to move the thresholds)."""
     ids = [f"{tag}-{i}" for i in range(len(rows))]
     reader = TierCounter(s, ids)
     reader.start()
@@ -134,7 +137,8 @@ def stream(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float, labe
         missing = len(ids) - sum(reader.tiers.values())
         if missing > 0:
             print(f"{tag}: {missing} of {len(ids)} answers missing after {timeout:.0f} s")
-        return dict(reader.tiers)
+        late = reader.order[len(reader.order) // 2:]
+        return dict(reader.tiers), late.count("heavy") / max(1, len(late))
     finally:
         reader.stop()
 
@@ -208,7 +212,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="stream 2,000 messages of train instead of all 90%%")
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--rate", type=float, default=100.0, help="messages per second sent (100)")
+    ap.add_argument("--rate", type=float, default=25.0,
+                    help="messages per second sent (25: six minutes of traffic, so the feedback agent, which "
+                         "watches each threshold change for a minute, has time to bring heavy's share to the "
+                         "budget)")
     ap.add_argument("--budget", type=float, default=0.15, help="the heavy budget (0.15)")
     ap.add_argument("--shadow", type=float, default=0.5,
                     help="share of light's traffic shadowed on heavy (0.5, the most the thresholds allow: more "
@@ -273,13 +280,13 @@ def main() -> None:
             wait_ready(s, ["light", "heavy"], timeout=300)
             while not {"ingest", "feedback", "trainer"} <= ready_agents(r, s.redis.prefix):
                 time.sleep(0.2)
-            unlabelled = stream(s, rows, "u", args.rate, labelled=False, timeout=600)
+            unlabelled, late_heavy = stream(s, rows, "u", args.rate, labelled=False, timeout=900)
             settle(r, s, quiet_s=5, timeout=300)
             backfilled = 0
             if args.backfill:
                 backfilled = backfill(s, r)
                 settle(r, s, quiet_s=5, timeout=600)
-            with_labels = stream(s, list(zip(labelled.texts, labelled.labels, strict=True)), "l", args.rate,
+            with_labels, _ = stream(s, list(zip(labelled.texts, labelled.labels, strict=True)), "l", args.rate,
                                  labelled=True, timeout=300)
             settle(r, s, quiet_s=5, timeout=args.retrain_s + 600)  # the last examples too: on time, then trained
             state = trainer_state(r, s)
@@ -314,7 +321,7 @@ def main() -> None:
     png = PNG if args.write else work / "learning.png"
     plot(points, full, png)
     print(body := report(args, points, full, decided, measured, rejected, rollbacks, manifests, unlabelled,
-                         with_labels,
+                         late_heavy, with_labels,
                          state, float(heavy_right.mean()), seed_report, len(rows), len(labelled.texts),
                          len(held.texts), minutes, png, backfilled))
     if args.write:
@@ -337,8 +344,8 @@ def last_candidate(decided: list[dict[str, Any]], measured: dict[str, Point], ma
 
 def report(args: argparse.Namespace, points: list[Point], full: Point, decided: list[dict[str, Any]],
            measured: dict[str, Point], rejected: list[dict[str, Any]], rollbacks: list[dict[str, Any]],
-           manifests: dict[str, dict[str, Any]],
-           unlabelled: dict[str, int], with_labels: dict[str, int], state: dict[str, Any], heavy_acc: float,
+           manifests: dict[str, dict[str, Any]], unlabelled: dict[str, int], late_heavy: float,
+           with_labels: dict[str, int], state: dict[str, Any], heavy_acc: float,
            seed_report: dict[str, Any], n_stream: int, n_labelled: int, n_eval: int, minutes: float,
            png: Path, backfilled: int) -> str:
     def pct(x: float | None) -> str:
@@ -394,10 +401,11 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         f"{state.get('training_examples', 0):,} to train on, {state.get('held_out', 0):,} held out. Every candidate "
         f"is measured on the evaluation slice (rejected ones too: the gate's decisions can be checked).\n"
         f"- Answers during the unlabelled stream: light {unlabelled.get('light', 0) / total:.1%}, heavy "
-        f"{heavy_share:.1%} against the {args.budget:.0%} budget: "
-        + ("held" if heavy_share <= args.budget + 0.02 else
-           "**not held** (the feedback agent moves `escalate_below` and `length_threshold` in bounded steps; many "
-           "BANKING77 messages are over the 50-character rule and go to heavy by rule)")
+        f"{heavy_share:.1%}; heavy {late_heavy:.1%} of its second half, against the {args.budget:.0%} budget: "
+        + ("**held**" if late_heavy <= args.budget + 0.02 else
+           "**not held** (the feedback agent moves `length_threshold` at most 25% and `escalate_below` 0.05 a "
+           "change, and watches each change for two 30 s windows before the next; many BANKING77 messages are "
+           "over the 50-character rule and go to heavy by rule)")
         + f"; during the labelled phase: {with_labels}. The offline columns apply the budget exactly.\n\n"
         f"![learning]({rel})\n"
     )
