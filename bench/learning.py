@@ -212,10 +212,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="stream 2,000 messages of train instead of all 90%%")
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--rate", type=float, default=25.0,
-                    help="messages per second sent (25: six minutes of traffic, so the feedback agent, which "
-                         "watches each threshold change for a minute, has time to bring heavy's share to the "
-                         "budget)")
+    ap.add_argument("--rate", type=float, default=100.0,
+                    help="messages per second sent (100; 25 gives the feedback agent, which watches each threshold "
+                         "change for a minute, six minutes to bring heavy's share to the budget)")
     ap.add_argument("--budget", type=float, default=0.15, help="the heavy budget (0.15)")
     ap.add_argument("--shadow", type=float, default=0.5,
                     help="share of light's traffic shadowed on heavy (0.5, the most the thresholds allow: more "
