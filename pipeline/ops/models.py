@@ -61,8 +61,11 @@ def cmd_models(args: argparse.Namespace) -> int:
             if e["version"] == version:
                 print(_event_line(e))
     elif args.action == "history":
-        for e in store.history(args.last):
+        events = store.history(args.last)
+        for e in events:
             print(_event_line(e))
+        if not events:
+            print("no model changes yet: the packaged light model has been live since the start")
     elif args.action == "promote":
         if not args.version:
             raise ConfigError("give the VERSION to promote (`tierflow models list` shows them)")

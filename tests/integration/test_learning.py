@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -291,3 +294,11 @@ def test_a_retraining_that_finishes_while_redis_refuses_writes_is_stored_once_re
     manifest = store.manifest(version)
     assert manifest["status"] in ("promoted", "rejected") and "agreement" in manifest["evaluation"], manifest
     assert [e["version"] for e in store.history() if e["action"] in ("promote", "reject")] == [version]
+
+
+def test_models_history_says_so_when_nothing_changed_yet(settings_factory: Callable[..., Settings]) -> None:
+    """An operator's first `tierflow models history` gets a line, not an empty screen."""
+    s = settings_factory()
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "models", "history"],
+                         env={**os.environ, **s.with_env()}, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "no model changes yet: the packaged light model has been live since the start"
