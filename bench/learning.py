@@ -24,6 +24,7 @@ import json
 import random
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,6 @@ class TierCounter(AnswerReader):
 
     def __init__(self, s: Settings, ids: list[str]) -> None:
         super().__init__(s, topics_of(s).answers, ids)
-        self.tiers: dict[str, int] = {}
         self.order: list[str] = []  # tiers in the order the answers came
         self.wanted = set(ids)
 
@@ -100,7 +100,6 @@ class TierCounter(AnswerReader):
         if m.error() is None and m.value():
             a = orjson.loads(m.value() or b"{}")
             if a.get("request_id") in self.wanted:
-                self.tiers[a["tier"]] = self.tiers.get(a["tier"], 0) + 1
                 self.order.append(a["tier"])
 
 
@@ -134,11 +133,11 @@ def stream(s: Settings, rows: list[tuple[str, str]], tag: str, rate: float, labe
     try:
         send(s, rows, tag, rate, labelled)
         reader.wait(timeout)
-        missing = len(ids) - sum(reader.tiers.values())
+        missing = len(ids) - len(reader.order)
         if missing > 0:
             print(f"{tag}: {missing} of {len(ids)} answers missing after {timeout:.0f} s")
         late = reader.order[len(reader.order) // 2:]
-        return dict(reader.tiers), late.count("heavy") / max(1, len(late))
+        return dict(Counter(reader.order)), late.count("heavy") / max(1, len(late))
     finally:
         reader.stop()
 
@@ -292,7 +291,6 @@ def main() -> None:
             history = models.history()
             decided = [e for e in history if e["action"] in ("promote", "reject") and e["who"] == "trainer"]
             promoted = [e for e in decided if e["action"] == "promote"]
-            rejected = [e for e in decided if e["action"] == "reject"]
             rollbacks = [e for e in history if e["action"] == "rollback"]
             weights = {e["version"]: models.weights(e["version"]) for e in decided}
             manifests = {e["version"]: models.manifest(e["version"]) for e in decided}
@@ -319,7 +317,7 @@ def main() -> None:
                    args.budget)
     png = PNG if args.write else work / "learning.png"
     plot(points, full, png)
-    print(body := report(args, points, full, decided, measured, rejected, rollbacks, manifests, unlabelled,
+    print(body := report(args, points, full, decided, measured, rollbacks, manifests, unlabelled,
                          late_heavy, with_labels,
                          state, float(heavy_right.mean()), seed_report, len(rows), len(labelled.texts),
                          len(held.texts), minutes, png, backfilled))
@@ -342,7 +340,7 @@ def last_candidate(decided: list[dict[str, Any]], measured: dict[str, Point], ma
 
 
 def report(args: argparse.Namespace, points: list[Point], full: Point, decided: list[dict[str, Any]],
-           measured: dict[str, Point], rejected: list[dict[str, Any]], rollbacks: list[dict[str, Any]],
+           measured: dict[str, Point], rollbacks: list[dict[str, Any]],
            manifests: dict[str, dict[str, Any]], unlabelled: dict[str, int], late_heavy: float,
            with_labels: dict[str, int], state: dict[str, Any], heavy_acc: float,
            seed_report: dict[str, Any], n_stream: int, n_labelled: int, n_eval: int, minutes: float,
@@ -395,8 +393,8 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         f"{full.light:.2%}: **{'met' if within else 'not met'}**.\n"
         + last_candidate(decided, measured, manifests, full)
         + f"- Heavy share needed for {TARGET:.1%} falls by >= 30%: {fall_txt}: **{'met' if fall_ok else 'not met'}**.\n"
-        f"- The trainer: {len(points) - 1} promoted, {len(rejected)} rejected (their interval did not clear the "
-        f"margin), {len(rollbacks)} rolled back; examples offered: {verdicts}; held at the end: "
+        f"- The trainer: {len(points) - 1} promoted, {len(decided) - len(points) + 1} rejected (their interval did "
+        f"not clear the margin), {len(rollbacks)} rolled back; examples offered: {verdicts}; held at the end: "
         f"{state.get('training_examples', 0):,} to train on, {state.get('held_out', 0):,} held out. Every candidate "
         f"is measured on the evaluation slice (rejected ones too: the gate's decisions can be checked).\n"
         f"- Answers during the unlabelled stream: light {unlabelled.get('light', 0) / total:.1%}, heavy "

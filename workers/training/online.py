@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from workers.domains import load_domain
 from workers.training.charngram import train_charngram
@@ -65,7 +66,7 @@ def train_light(seed: Dataset, examples: Dataset, labels: Sequence[str], seed_va
                   y_fit=label_ids(fit.labels, index), y_val=label_ids(val.labels, index),
                   y_train=label_ids(fit.labels + val.labels, index))
     t0 = time.perf_counter()
-    ctx: dict = {}
+    ctx: dict[str, Any] = {}
     model = train_charngram(split, cfg, ctx)
     seconds = time.perf_counter() - t0
     buf = io.BytesIO()
