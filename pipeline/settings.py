@@ -281,6 +281,9 @@ class LearnSection(Section):
     per_minute: int = Field(600, ge=1, description="examples accepted a minute at most")
     holdout: float = Field(0.2, gt=0.0, lt=1.0, description="share of request ids kept for evaluation, never "
                            "trained on")
+    crossfit_folds: int = Field(5, ge=0, le=20, description="the examples the live model never saw are split in "
+                                "this many folds; a model fitted without each answers it, and those answers join the "
+                                "held-out evidence (0 or 1: the held-out slice alone)")
     margin: float = Field(0.0, ge=-1.0, le=1.0, description="the candidate's agreement with heavy minus the live "
                           "model's: the 95% interval's lower bound must be above this")
     label_margin: float = Field(0.0, ge=-1.0, le=1.0, description="once min_labels labels are held out, the "

@@ -10,10 +10,11 @@ log on a restart, so a crash loses nothing and needs no snapshot):
 The decisions (what is an example, when to promote, when to roll back) are `pipeline/core/learning.py`'s.
 
 Retraining runs `python -m workers.training.online` as a child process once new examples reach `retrain_every` and
-`retrain_growth` of the last retraining's (or after `retrain_s` with any), never on the loop. The candidate and the
-live model then answer the held-out examples; promotion moves the live pointer in Redis
-(pipeline/adapters/model_store.py) and every light worker hot-swaps (workers/models/live.py). Each decision is in
-the model history with who, why and the evidence.
+`retrain_growth` of the last retraining's (or after `retrain_s` with any), never on the loop; with `crossfit_folds`
+it also fits one model without each fold of the examples the live model never saw, which answers that fold. The
+candidate and the live model then answer the held-out examples, and the live model the fold examples; promotion
+moves the live pointer in Redis (pipeline/adapters/model_store.py) and every light worker hot-swaps
+(workers/models/live.py). Each decision is in the model history with who, why and the evidence.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ from pipeline.contracts.topics import Tier
 from pipeline.core.features import lang_of, script_of
 from pipeline.core.learning import (
     Decision,
-    Delta,
     Example,
     ExampleStore,
     Guards,
@@ -65,6 +65,7 @@ from pipeline.core.learning import (
     Source,
     Verdict,
     correct,
+    crossfit_folds,
     decide_promotion,
     decide_rollback,
     paired_delta,
@@ -88,9 +89,11 @@ class Training:
     workdir: Path
     parent: str
     examples: list[Example]
+    folds: list[int | None]  # per example, its cross-fitting fold (None: trained on by every fold model)
     started: float
     # Read once when the child exits (its files are then removed); stored and judged until Redis takes them.
     output: tuple[bytes, dict[str, Any]] | None = None
+    crossfit: list[tuple[Example, str]] | None = None  # (fold example, what the model without its fold said)
     version: str | None = None
 
 
@@ -299,20 +302,34 @@ class Trainer:
         return retrain_due(self.store.new_training, self.last_used, time.monotonic() - self.last_train, self.retrain)
 
     def _start_training(self, now_ms: int) -> Training:
+        live_to_ms = self._data_end(self.live_version)  # before taking: a Redis error leaves the count of new ones
         examples = self.store.take_training()
         self.last_train, self.last_used = time.monotonic(), len(examples)
+        folds = crossfit_folds(examples, live_to_ms, self.cfg.crossfit_folds)
         workdir = Path(tempfile.mkdtemp(prefix="tierflow-learn-"))
         (workdir / "examples.jsonl").write_bytes(b"".join(
-            orjson.dumps({"text": e.text, "intent": e.intent}) + b"\n" for e in examples))
+            orjson.dumps({"text": e.text, "intent": e.intent} if f is None else
+                         {"text": e.text, "intent": e.intent, "fold": f}) + b"\n"
+            for e, f in zip(examples, folds, strict=True)))
         (workdir / "labels.json").write_text(json.dumps(self.labels))
         cmd = [sys.executable, "-m", "workers.training.online", "--examples", str(workdir / "examples.jsonl"),
                "--labels", str(workdir / "labels.json"), "--out", str(workdir / "model.npz"),
                "--report", str(workdir / "report.json")]
         cmd += ["--seed-csv", str(self.cfg.seed_data)] if self.cfg.seed_data else ["--domain", self.s.domain]
-        log.info("trainer: retraining on %d examples (parent %s)", len(examples), self.live_version)
+        n_folded = sum(f is not None for f in folds)
+        log.info("trainer: retraining on %d examples (parent %s; %d new to it, cross-fitted in %d folds)",
+                 len(examples), self.live_version, n_folded, self.cfg.crossfit_folds if n_folded else 0)
         with (workdir / "stderr").open("wb") as err:  # the child keeps its own descriptor: ours is closed here
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-        return Training(proc, workdir, self.live_version, examples, time.monotonic())
+        return Training(proc, workdir, self.live_version, examples, folds, time.monotonic())
+
+    def _data_end(self, version: str) -> int | None:
+        """The newest example `version` was trained on (None: none of the store's, or not known, as for a submitted
+        model: then every new example counts as unseen, which can only favour the live model)."""
+        if version == PACKAGED:
+            return None
+        end = self.models.manifest(version).get("data", {}).get("to_ms")
+        return int(end) if isinstance(end, int | float) else None
 
     def _collect(self, t: Training) -> bool:
         """Read a finished child's weights and report into `t` and remove its files; False if it failed."""
@@ -322,7 +339,12 @@ class Trainer:
                 log.error("trainer: retraining failed (%s): %s", t.proc.returncode, err[-1] if err else "")
                 metrics.LEARN_TRAININGS.labels("failed").inc()
                 return False
-            t.output = (t.workdir / "model.npz").read_bytes(), json.loads((t.workdir / "report.json").read_text())
+            report = json.loads((t.workdir / "report.json").read_text())
+            predicted = report.pop("crossfit", None)  # per example: too long for the manifest
+            t.crossfit = [] if predicted is None else [
+                (e, p) for e, p in zip(t.examples, predicted, strict=True) if p is not None]
+            report["crossfit_examples"] = len(t.crossfit)
+            t.output = (t.workdir / "model.npz").read_bytes(), report
         finally:
             for f in t.workdir.iterdir():
                 f.unlink()
@@ -348,18 +370,29 @@ class Trainer:
         }
         if version != self.live_version:  # else: promoted before Redis failed; only its status is left to write
             self.models.put(version, weights, manifest)
-        self.consider(version)
+        # Cross-fitted evidence is against the parent the folds were cut for; a pointer moved meanwhile voids it.
+        self.consider(version, t.crossfit if t.parent == self.live_version else None)
 
-    def consider(self, version: str) -> Decision:
-        """Shadow-evaluate `version` against the live model on the held-out examples; promote or reject it."""
+    def consider(self, version: str, crossfit: Sequence[tuple[Example, str]] | None = None) -> Decision:
+        """Shadow-evaluate `version` against the live model on the held-out examples (and, from its retraining, the
+        fold models' answers on the examples the live model never saw); promote or reject it."""
         if version == self.live_version:  # promoted, then Redis failed before its status was written
             self.models.update_manifest(version, status="promoted")
             return Decision(True, "already live")
         candidate = self._model(version)
         live = self._model(self.live_version)
-        deltas = self.evaluate(candidate, live)
+        outcomes = self.evaluate(candidate, live)
+        deltas = {name: paired_delta(*pair) for name, pair in outcomes.items()}
+        pooled = None
+        if crossfit:
+            cand, base = outcomes["agreement"]
+            examples = [e for e, _ in crossfit]
+            live_said = live.predict([Item(e.text, "en", None) for e in examples])
+            pooled = deltas["pooled"] = paired_delta(
+                cand + [p == e.intent for e, p in crossfit],
+                base + [p.intent == e.intent for e, p in zip(examples, live_said, strict=True)])
         evidence: dict[str, Any] = {k: d.as_dict() for k, d in deltas.items()}
-        decision = decide_promotion(deltas["agreement"], deltas["labelled"], self.promotion)
+        decision = decide_promotion(deltas["agreement"], deltas["labelled"], self.promotion, pooled)
         # The evidence first: kept if Redis fails below (a retry then finds the version live, or judges it again).
         self.models.update_manifest(version, evaluation=evidence, decision=decision.why)
         if decision.promote:  # the pointer first: a reader that sees the status promoted finds it live
@@ -374,16 +407,17 @@ class Trainer:
         log.info("trainer: %s %s: %s", "promoted" if decision.promote else "rejected", version, decision.why)
         return decision
 
-    def evaluate(self, candidate: CharNgramClassifier, live: CharNgramClassifier) -> dict[str, Delta]:
-        """Both models on the held-out examples: paired deltas on heavy's answers and on labels."""
-        out: dict[str, Delta] = {}
+    def evaluate(self, candidate: CharNgramClassifier,
+                 live: CharNgramClassifier) -> dict[str, tuple[list[bool], list[bool]]]:
+        """Both models on the held-out examples: who was right, per example, on heavy's answers and on labels."""
+        out: dict[str, tuple[list[bool], list[bool]]] = {}
         for name, source in (("agreement", Source.HEAVY), ("labelled", Source.LABEL)):
             held = self.store.held_out(source)
             items = [Item(e.text, "en", None) for e in held]
             truth = [e.intent for e in held]
             cand = correct([p.intent for p in candidate.predict(items)], truth) if held else []
             base = correct([p.intent for p in live.predict(items)], truth) if held else []
-            out[name] = paired_delta(cand, base)
+            out[name] = (cand, base)
         return out
 
     def _judge_submitted(self) -> None:

@@ -14,6 +14,13 @@ candidate light model may replace the live one, and when a promoted one is rolle
   better), and, once enough labels are held out, the labelled interval must reach above its margin (the labels
   do not show it worse: a labelled slice is small, its interval wide, and requiring it to show a gain would
   refuse every candidate whose gain is smaller than the interval).
+- **Cross-fitted evidence** (`crossfit_folds`): the held-out slice alone is small (20% of the traffic), and the
+  last point of accuracy moves agreement with heavy by less than its interval. The examples the live model never
+  saw (heavy's answers newer than its data window) are split into K folds by a hash of their text; the retraining
+  also fits, with the candidate's recipe and L2, one model without each fold, which answers that fold. Those
+  answers against the live model's, pooled with the candidate's own held-out pairs, are the agreement evidence:
+  evidence about the retraining recipe on this data (each fold model saw (K-1)/K of the new examples, so it
+  understates the candidate). The candidate's own held-out interval must then not show it worse.
 - **Rollback** (`decide_rollback`): after a promotion the live model's escalation rate and its agreement with
   heavy (shadow pairs and labels) are watched; past a bound above (below) the parent's, with enough results,
   the parent goes back live.
@@ -23,6 +30,7 @@ Time is passed in (epoch ms); nothing here reads a clock.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -197,6 +205,25 @@ def paired_delta(candidate_right: Sequence[bool], live_right: Sequence[bool]) ->
     return Delta(n, sum(candidate_right) / n, sum(live_right) / n, mean, mean - half, mean + half)
 
 
+def fold_of(text: str, folds: int) -> int:
+    """The cross-fitting fold of a text: by a hash of its normalised text, so a message sent twice (two request
+    ids) is in one fold and no fold model is evaluated on a text it was trained on."""
+    digest = hashlib.blake2b(" ".join(text.casefold().split()).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % folds
+
+
+def crossfit_folds(examples: Sequence[Example], live_to_ms: int | None, folds: int) -> list[int | None]:
+    """Per training example, its fold (None: not evaluated by cross-fitting). Only heavy's answers newer than the
+    live model's data window (`live_to_ms`; None: it was trained on none of the store, as the packaged model) are:
+    the live model never trained on them, so comparing it with a fold model there is fair. Labels are left out: one
+    may have replaced a guess the live model trained on. With fewer than 2 folds, none."""
+    if folds < 2:
+        return [None] * len(examples)
+    return [fold_of(e.text, folds)
+            if e.source is Source.HEAVY and not e.held_out and (live_to_ms is None or e.at_ms > live_to_ms) else None
+            for e in examples]
+
+
 @dataclass(frozen=True, slots=True)
 class RetrainPolicy:
     every: int = 500  # new training examples at least
@@ -229,13 +256,27 @@ class Decision:
     why: str
 
 
-def decide_promotion(agree: Delta, labelled: Delta, policy: PromotionPolicy) -> Decision:
-    """Promote only when the candidate beats the live model on held-out agreement with heavy (interval above
-    `margin`) and, with `min_labels` labels held out, the labels do not show it worse (interval reaching
-    `label_margin`)."""
+def decide_promotion(agree: Delta, labelled: Delta, policy: PromotionPolicy,
+                     pooled: Delta | None = None) -> Decision:
+    """Promote only when the candidate beats the live model on agreement with heavy (interval above `margin`)
+    and, with `min_labels` labels held out, the labels do not show it worse (interval reaching `label_margin`).
+
+    `agree` is the candidate's own held-out delta. `pooled`, when the retraining cross-fitted, is that plus the fold
+    models' deltas on the new examples: then `pooled` must be above the margin and `agree` must not be below it
+    (the recipe is shown better, and the candidate itself not shown worse)."""
     if agree.n < policy.min_eval:
         return Decision(False, f"too little evidence: {agree.n} held-out heavy answers (needs {policy.min_eval})")
-    if agree.lo <= policy.margin:
+    crossfit = pooled if pooled is not None and pooled.n > agree.n else None
+    if crossfit is not None:
+        if crossfit.lo <= policy.margin:
+            return Decision(False, f"agreement with heavy, cross-fitted: delta {crossfit.mean:+.1%}, 95% interval "
+                                   f"[{crossfit.lo:+.1%}, {crossfit.hi:+.1%}] not above {policy.margin:+.1%} "
+                                   f"(n={crossfit.n}: {agree.n} held out, {crossfit.n - agree.n} new by fold)")
+        if agree.hi < policy.margin:
+            return Decision(False, f"agreement with heavy {agree.candidate:.1%} vs live {agree.live:.1%} held out: "
+                                   f"delta {agree.mean:+.1%}, 95% interval [{agree.lo:+.1%}, {agree.hi:+.1%}] below "
+                                   f"{policy.margin:+.1%}: the candidate itself is shown worse (n={agree.n})")
+    elif agree.lo <= policy.margin:
         return Decision(False, f"agreement with heavy {agree.candidate:.1%} vs live {agree.live:.1%}: delta "
                                f"{agree.mean:+.1%}, 95% interval [{agree.lo:+.1%}, {agree.hi:+.1%}] not above "
                                f"{policy.margin:+.1%} (n={agree.n})")
@@ -245,8 +286,12 @@ def decide_promotion(agree: Delta, labelled: Delta, policy: PromotionPolicy) -> 
                                f"below {policy.label_margin:+.1%}: the labels show it worse (n={labelled.n})")
     labels = (f"; labelled {labelled.mean:+.1%} [{labelled.lo:+.1%}, {labelled.hi:+.1%}] (n={labelled.n})"
               if labelled.n >= policy.min_labels else f"; {labelled.n} labels held out (too few to judge)")
+    fitted = ""
+    if crossfit is not None:
+        fitted = (f"; cross-fitted {crossfit.mean:+.1%} [{crossfit.lo:+.1%}, {crossfit.hi:+.1%}] "
+                  f"(n={crossfit.n}: {crossfit.n - agree.n} new by fold)")
     return Decision(True, f"agreement with heavy {agree.candidate:.1%} vs live {agree.live:.1%}, delta "
-                          f"{agree.mean:+.1%} [{agree.lo:+.1%}, {agree.hi:+.1%}] (n={agree.n})" + labels)
+                          f"{agree.mean:+.1%} [{agree.lo:+.1%}, {agree.hi:+.1%}] (n={agree.n})" + fitted + labels)
 
 
 @dataclass(frozen=True, slots=True)

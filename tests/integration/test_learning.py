@@ -302,3 +302,49 @@ def test_models_history_says_so_when_nothing_changed_yet(settings_factory: Calla
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", "models", "history"],
                          env={**os.environ, **s.with_env()}, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "no model changes yet: the packaged light model has been live since the start"
+
+
+def test_a_retraining_cross_fits_only_the_examples_the_live_model_never_saw(
+        settings_factory: Callable[..., Settings], tmp_path: Path) -> None:
+    """Each retraining's evidence pools the candidate's held-out answers with the fold models' answers on heavy's
+    examples newer than the live model's data: all of them under the packaged model, only the later ones once a
+    learned version is live."""
+    rows = shop_messages()
+    seed = tmp_path / "seed.csv"
+    with seed.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("text", "category"), *rows[:300]])
+    s = settings_factory(zh_model="", learn_seed_data=seed, learn_retrain_every=50, learn_retrain_growth=0.0,
+                         learn_per_minute=10**6, learn_min_eval=10, learn_holdout=0.3)
+    trainer = Trainer(s)
+    store = ModelStore(trainer.r, s.redis.prefix)
+    t0 = int(time.time() * 1000)
+
+    def offer(first: int, last: int) -> None:  # heavy's confident answers, one a millisecond
+        for i in range(first, last):
+            text, intent = rows[i]
+            trainer.store.offer(f"r{i}", text, intent, Source.HEAVY, f"u{i}", t0 + i, 0.99)
+
+    def retrain() -> dict[str, Any]:
+        trainer.tick(t0)
+        assert trainer.training is not None
+        trainer.training.proc.wait(180)
+        trainer.tick(t0)
+        assert trainer.training is None
+        return store.manifest(store.versions()[0])  # newest first
+
+    offer(300, 700)
+    first = retrain()
+    ev, report = first["evaluation"], first["training"]
+    training = [e for e in trainer.store.examples.values() if not e.held_out]
+    assert report["crossfit_examples"] == len(training) > 200, report  # the packaged model saw none of them
+    assert report["crossfit_seconds"] > 0
+    assert ev["pooled"]["n"] == ev["agreement"]["n"] + len(training), ev
+    assert "crossfit" not in report  # the per-example answers stay out of the manifest
+
+    store.set_live(first["version"], "promote", "test", "an operator's promote")  # the trainer follows the pointer
+    offer(700, 900)
+    second = retrain()
+    newer = [e for e in trainer.store.examples.values() if not e.held_out and e.at_ms > first["data"]["to_ms"]]
+    assert second["parent"] == first["version"]
+    assert second["training"]["crossfit_examples"] == len(newer) > 80
+    assert second["evaluation"]["pooled"]["n"] == second["evaluation"]["agreement"]["n"] + len(newer)

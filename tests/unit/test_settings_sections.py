@@ -118,6 +118,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_LEARN_PER_USER': 50,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_PER_MINUTE': 600,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_HOLDOUT': 0.2,  # added after the pin (issue 22: the learning loop)
+    'TIERFLOW_LEARN_CROSSFIT_FOLDS': 5,  # added after the pin (issue 22: cross-fitted evidence)
     'TIERFLOW_LEARN_MARGIN': 0.0,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_LABEL_MARGIN': 0.0,  # added after the pin (issue 22: the learning loop)
     'TIERFLOW_LEARN_MIN_EVAL': 100,  # added after the pin (issue 22: the learning loop)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-from workers.models.charngram import CharNgramClassifier, Featurizer
+from workers.models.charngram import CharNgramClassifier, FeatureConfig, Featurizer
 from workers.training.config import TrainConfig
 from workers.training.data import Dataset, IntArray, Split
 from workers.training.fitting import accuracy, fit_softmax_regression, fit_temperature, sparse_tensor
@@ -13,14 +14,19 @@ from workers.training.fitting import accuracy, fit_softmax_regression, fit_tempe
 log = logging.getLogger("tierflow.train")  # one logger for the whole run, as before the split
 
 
+def fit_charngram(data: Dataset, y: IntArray, labels: Sequence[str], features: FeatureConfig,
+                  l2: float) -> CharNgramClassifier:
+    """One fit at a given L2 strength: the vocabulary and the weights learn from `data` alone."""
+    feat = Featurizer.fit(data.texts, features)
+    w, b = fit_softmax_regression(sparse_tensor(feat.transform(data.texts), feat.size), y, len(labels), l2)
+    return CharNgramClassifier(feat, w, b, list(labels))
+
+
 def train_charngram(split: Split, cfg: TrainConfig, ctx: dict[str, Any]) -> CharNgramClassifier:
     """Fit the light model; L2 strength and temperature chosen on the validation split."""
-    n_classes = len(split.labels)
 
     def fit(data: Dataset, y: IntArray, l2: float) -> CharNgramClassifier:
-        feat = Featurizer.fit(data.texts, cfg.features)
-        w, b = fit_softmax_regression(sparse_tensor(feat.transform(data.texts), feat.size), y, n_classes, l2)
-        return CharNgramClassifier(feat, w, b, split.labels)
+        return fit_charngram(data, y, split.labels, cfg.features, l2)
 
     best: tuple[float, float, CharNgramClassifier] | None = None
     for l2 in cfg.char_l2_grid:

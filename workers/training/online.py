@@ -7,10 +7,13 @@ The trainer agent (pipeline/agents/trainer.py) runs this as a child process: tra
 interpreter (a crash or a long fit cannot stall its consumer), and the agent keeps to serving-side imports.
 
 `EX.jsonl` holds `{"text", "intent"}` lines (heavy's confident answers and labels, as the agent's store kept
-them); the seed is what the first light model learned from (a CSV, or the domain pack's training data). The label
-list is fixed by `LABELS.json` (the live model's): a learned version answers with the same answer book. The recipe
-is `tierflow train`'s for charngram (L2 strength and temperature on a stratified validation split, then a refit on
-everything), seeded, so the same data gives the same weights.
+them), some with a cross-fitting `"fold"` (pipeline/core/learning.py `crossfit_folds`): for each fold one more
+model, with the chosen L2, is fitted without that fold's examples and answers them (the report's `crossfit`,
+one predicted intent per line, null where a line has no fold). The seed is what the first light model learned
+from (a CSV, or the domain pack's training data). The label list is fixed by `LABELS.json` (the live model's): a
+learned version answers with the same answer book. The recipe is `tierflow train`'s for charngram (L2 strength and
+temperature on a stratified validation split, then a refit on everything), seeded, so the same data gives the same
+weights.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from workers.domains import load_domain
-from workers.training.charngram import train_charngram
+from workers.models.common import scoped
+from workers.training.charngram import fit_charngram, train_charngram
 from workers.training.config import TrainConfig
 from workers.training.data import Dataset, Split, label_ids, read_csv, read_texts, stratified_split
 
@@ -47,14 +51,21 @@ def seed_data(domain: str | None, csvs: Sequence[Path]) -> Dataset:
     return Dataset([t for d in parts for t in d.texts], [c for d in parts for c in d.labels])
 
 
-def train_light(seed: Dataset, examples: Dataset, labels: Sequence[str], seed_value: int = 0) -> tuple[bytes, dict]:
-    """Fit the light model on seed + examples with the label list `labels`; (npz bytes, report)."""
+def _known(data: Dataset, known: set[str]) -> Dataset:
+    keep = [i for i, c in enumerate(data.labels) if c in known]
+    return data.subset(keep)
+
+
+def train_light(seed: Dataset, examples: Dataset, labels: Sequence[str], seed_value: int = 0,
+                folds: Sequence[int | None] = ()) -> tuple[bytes, dict]:
+    """Fit the light model on seed + examples with the label list `labels`; (npz bytes, report).
+
+    `folds` (one per example, or empty): the cross-fitting folds; the report's `crossfit` then holds, per example,
+    the intent the model fitted without its fold predicts (None for an example with no fold)."""
     import io
 
     known = set(labels)
-    data = Dataset([t for t, c in zip(seed.texts + examples.texts, seed.labels + examples.labels, strict=True)
-                    if c in known],
-                   [c for c in seed.labels + examples.labels if c in known])
+    data = _known(Dataset(seed.texts + examples.texts, seed.labels + examples.labels), known)
     if not data.texts:
         raise ValueError("no training data with a known label")
     cfg = TrainConfig(seed=seed_value, models=("charngram",))
@@ -77,7 +88,30 @@ def train_light(seed: Dataset, examples: Dataset, labels: Sequence[str], seed_va
               "validation_accuracy": round(float(ctx["charngram_val_accuracy"]), 4), "l2": ctx["charngram_l2"],
               "features": model.featurizer.size, "temperature": round(model.temperature, 4),
               "examples_by_intent": dict(Counter(examples.labels).most_common())}
+    if any(f is not None for f in folds):
+        t0 = time.perf_counter()
+        report["crossfit"] = crossfit(seed, examples, labels, folds, ctx["charngram_l2"], cfg)
+        report["crossfit_seconds"] = round(time.perf_counter() - t0, 1)
     return buf.getvalue(), report
+
+
+def crossfit(seed: Dataset, examples: Dataset, labels: Sequence[str], folds: Sequence[int | None], l2: float,
+             cfg: TrainConfig) -> list[str | None]:
+    """Per example, what a model fitted on seed + the examples outside its fold predicts (None: no fold)."""
+    if len(folds) != len(examples.texts):
+        raise ValueError(f"crossfit: {len(folds)} folds for {len(examples.texts)} examples")
+    known, index = set(labels), {lab: i for i, lab in enumerate(labels)}
+    out: list[str | None] = [None] * len(folds)
+    for k in sorted({f for f in folds if f is not None}):
+        inside = [i for i, f in enumerate(folds) if f == k]
+        outside = examples.subset([i for i, f in enumerate(folds) if f != k])
+        data = _known(Dataset(seed.texts + outside.texts, seed.labels + outside.labels), known)
+        model = fit_charngram(data, label_ids(data.labels, index), labels, cfg.features, l2)
+        # the intent `predict` serves: the best known one (never the out-of-scope class), as the live model's
+        predicted = scoped(model.probabilities([examples.texts[i] for i in inside]), labels).best
+        for i, p in zip(inside, predicted, strict=True):
+            out[i] = labels[int(p)]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [json.loads(line) for line in args.examples.read_text().splitlines() if line.strip()]
     examples = Dataset([r["text"] for r in rows], [r["intent"] for r in rows])
     weights, report = train_light(seed_data(args.domain, args.seed_csv), examples,
-                                  json.loads(args.labels.read_text()), args.seed)
+                                  json.loads(args.labels.read_text()), args.seed, [r.get("fold") for r in rows])
     tmp = args.out.with_suffix(".partial")
     tmp.write_bytes(weights)
     tmp.replace(args.out)

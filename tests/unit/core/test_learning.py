@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.learning import (
+    Example,
     ExampleStore,
     Guards,
     LiveRecord,
@@ -19,8 +20,10 @@ from pipeline.core.learning import (
     RollbackPolicy,
     Source,
     Verdict,
+    crossfit_folds,
     decide_promotion,
     decide_rollback,
+    fold_of,
     paired_delta,
     retrain_due,
 )
@@ -133,6 +136,56 @@ def test_promotion_needs_evidence_a_clear_win_and_no_labelled_loss() -> None:
     unsure = paired_delta([True] * 30 + [False] * 35, [True] * 29 + [False] * 36)
     assert unsure.lo < 0 < unsure.hi
     assert decide_promotion(paired_delta(better, live), unsure, policy).promote
+
+
+def test_cross_fitted_evidence_promotes_a_recipe_shown_better_unless_the_candidate_is_shown_worse() -> None:
+    policy = PromotionPolicy(margin=0.0, label_margin=0.0, min_eval=100, min_labels=30)
+    rnd = random.Random(1)
+    no_labels = paired_delta([], [])
+
+    def pairs(n: int, gain: float) -> tuple[list[bool], list[bool]]:
+        live = [rnd.random() < 0.9 for _ in range(n)]
+        return [lv or rnd.random() < gain for lv in live], live
+
+    held_c, held_l = pairs(400, 0.05)  # a small gain: the held-out slice alone cannot tell
+    held = paired_delta(held_c, held_l)
+    assert held.lo <= 0 < held.hi and not decide_promotion(held, no_labels, policy).promote
+    fold_c, fold_l = pairs(4000, 0.05)
+    pooled = paired_delta(held_c + fold_c, held_l + fold_l)
+    d = decide_promotion(held, no_labels, policy, pooled)
+    assert pooled.lo > 0 and d.promote and "cross-fitted" in d.why and "n=4400" in d.why
+    # the recipe shown better, the candidate itself shown worse on its own held-out answers: refused
+    worse = paired_delta([False] * 150 + [True] * 250, [True] * 400)
+    d = decide_promotion(worse, no_labels, policy, paired_delta([True] * 4400, [False] * 4400))
+    assert not d.promote and "itself is shown worse" in d.why
+    # the pooled interval straddling the margin: refused, naming both counts
+    d = decide_promotion(held, no_labels, policy, paired_delta(held_c + fold_l, held_l + fold_l))
+    assert not d.promote and "cross-fitted" in d.why and "400 held out, 4000 new by fold" in d.why
+    # no fold examples (the pooled evidence is the held-out slice): the held-out rule
+    assert not decide_promotion(held, no_labels, policy, held).promote
+    # too few held out: no amount of fold evidence decides
+    few = paired_delta(held_c[:50], held_l[:50])
+    assert "too little evidence" in decide_promotion(few, no_labels, policy, pooled).why
+
+
+def test_crossfit_folds_are_heavys_answers_newer_than_the_live_model_split_by_text() -> None:
+    def ex(rid: str, text: str, source: Source, at: int) -> Example:
+        return Example(rid, text, "track_order", source, "u", at, held_out=False)
+
+    old = [ex(f"o{i}", f"old message {i}", Source.HEAVY, T0 + i) for i in range(50)]
+    new = [ex(f"n{i}", f"new message {i}", Source.HEAVY, T0 + 1000 + i) for i in range(500)]
+    label = ex("l", "a labelled one", Source.LABEL, T0 + 2000)
+    twice = [ex("t1", "Where is  my order?", Source.HEAVY, T0 + 3000), ex("t2", "where is my ORDER?", Source.HEAVY,
+                                                                           T0 + 3001)]
+    examples = [*old, *new, label, *twice]
+    folds = crossfit_folds(examples, T0 + 999, 5)
+    assert all(f is None for f in folds[:50])  # the live model trained on these
+    assert folds[len(old) + len(new)] is None  # a label may replace a guess the live model saw
+    assert {f for f in folds[50:550]} == {0, 1, 2, 3, 4}
+    assert min(folds[50:550].count(k) for k in range(5)) >= 60  # roughly even
+    assert folds[-1] == folds[-2] == fold_of("where is my order?", 5)  # one text, one fold
+    assert all(f is not None for f in crossfit_folds(examples[:50], None, 5))  # a live model trained on none
+    assert crossfit_folds(examples, None, 1) == [None] * len(examples)  # off
 
 
 def test_rollback_when_escalations_rise_or_agreement_falls_past_the_bound() -> None:
