@@ -331,12 +331,37 @@ def last_candidate(decided: list[dict[str, Any]], measured: dict[str, Point], ma
     the interval it could not clear."""
     if not decided or decided[-1]["action"] != "reject":
         return ""
-    p, a = measured[decided[-1]["version"]], manifests[decided[-1]["version"]]["evaluation"]["agreement"]
+    ev = manifests[decided[-1]["version"]]["evaluation"]
+    p, a = measured[decided[-1]["version"]], ev.get("pooled") or ev["agreement"]
+    kind = "held-out and cross-fitted" if "pooled" in ev else "held-out"
     return (f"- The last candidate, trained on the most ({p.examples:,}), reaches {p.light:.2%} light-only "
             f"({(full.light - p.light) * 100:.2f} points from the reference), but the gate could not tell it from "
-            f"the live model: agreement delta [{a['lo']:+.1%}, {a['hi']:+.1%}] on {a['n']:,} held-out answers. At "
-            f"this traffic the interval is about {(a['hi'] - a['lo']) * 50:.1f} points either side, more than the "
-            f"last point of accuracy moves agreement with heavy; it narrows as 1/sqrt(n) with held-out traffic.\n")
+            f"the live model: agreement delta [{a['lo']:+.1%}, {a['hi']:+.1%}] on {a['n']:,} {kind} answers, "
+            f"about {(a['hi'] - a['lo']) * 50:.1f} points either side; it narrows as 1/sqrt(n) with traffic.\n")
+
+
+def decision(e: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """The table's decision cell: the held-out interval, and the cross-fitted one the gate used when there was one."""
+    ev = manifest["evaluation"]
+    a, pooled = ev["agreement"], ev.get("pooled")
+    verdict = "**promoted**" if e["action"] == "promote" else "rejected"
+    cell = f"{verdict}: {a['candidate']:.1%} vs {a['live']:.1%}, [{a['lo']:+.1%}, {a['hi']:+.1%}] (n={a['n']:,})"
+    if pooled is not None:
+        cell += f"; cross-fitted [{pooled['lo']:+.1%}, {pooled['hi']:+.1%}] (n={pooled['n']:,})"
+    return cell
+
+
+def crossfit_cost(manifests: dict[str, dict[str, Any]]) -> str:
+    """What cross-fitting cost the retrainings that did it."""
+    runs = [m.get("training", {}) for m in manifests.values()]
+    runs = [t for t in runs if t.get("crossfit_seconds") is not None]
+    if not runs:
+        return ""
+    fit = sum(float(t["train_seconds"]) for t in runs)
+    extra = sum(float(t["crossfit_seconds"]) for t in runs)
+    folds = Settings().learn.crossfit_folds
+    return (f"- Cross-fitting ({folds} folds of the examples the live model never saw) in {len(runs)} retrainings: "
+            f"{extra:.0f} s of fits beside the candidates' own {fit:.0f} s, in the trainer's child process.\n")
 
 
 def report(args: argparse.Namespace, points: list[Point], full: Point, decided: list[dict[str, Any]],
@@ -348,8 +373,9 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
     def pct(x: float | None) -> str:
         return "not reached" if x is None else f"{x:.1%}"
 
-    rows = ["| light model | trained on (besides the seed) | decision: agreement with heavy on held-out traffic, "
-            "candidate vs live | light-only accuracy | cascade accuracy at the budget | heavy share for 93.5% |",
+    rows = ["| light model | trained on (besides the seed) | decision: agreement with heavy, candidate vs live, on "
+            "held-out traffic (and cross-fitted on the new examples) | light-only accuracy | cascade accuracy at the "
+            "budget | heavy share for 93.5% |",
             "|---|---:|---|---:|---:|---:|"]
 
     def row(p: Point, ev: str) -> str:
@@ -358,10 +384,7 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
 
     rows.append(row(points[0], "the start"))
     for e in decided:
-        a = manifests[e["version"]]["evaluation"]["agreement"]
-        verdict = "**promoted**" if e["action"] == "promote" else "rejected"
-        rows.append(row(measured[e["version"]], f"{verdict}: {a['candidate']:.1%} vs {a['live']:.1%}, delta "
-                                                f"[{a['lo']:+.1%}, {a['hi']:+.1%}] (n={a['n']})"))
+        rows.append(row(measured[e["version"]], decision(e, manifests[e["version"]])))
     rows.append(row(Point(f"{full.name} (reference)", full.examples, full.light, full.cascade, full.share_needed),
                     "-"))
     start, end = points[0], points[-1]
@@ -397,6 +420,7 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         f"not clear the margin), {len(rollbacks)} rolled back; examples offered: {verdicts}; held at the end: "
         f"{state.get('training_examples', 0):,} to train on, {state.get('held_out', 0):,} held out. Every candidate "
         f"is measured on the evaluation slice (rejected ones too: the gate's decisions can be checked).\n"
+        + crossfit_cost(manifests) +
         f"- Answers during the unlabelled stream: light {unlabelled.get('light', 0) / total:.1%}, heavy "
         f"{heavy_share:.1%}; heavy {late_heavy:.1%} of its second half, against the {args.budget:.0%} budget: "
         + ("**held**" if late_heavy <= args.budget + 0.02 else
