@@ -232,8 +232,8 @@ class RetrainPolicy:
 
 
 def retrain_due(new: int, last_used: int, since_s: float, policy: RetrainPolicy) -> bool:
-    """Whether to retrain, `new` training examples having arrived `since_s` after the last retraining, which used
-    `last_used`. A learning curve flattens: a few percent more data rarely moves a model past the promotion
+    """Whether to retrain, `new` training examples having arrived, `since_s` after the last retraining ended (which
+    used `last_used`). A learning curve flattens: a few percent more data rarely moves a model past the promotion
     interval (measured on BANKING77: +8 examples gave the same model, +16% a worse L2 pick by noise), and each
     retraining costs CPU-minutes at a full window; so new data must grow the set by `growth` too. `every_s` with
     any new still retrains a full window whose oldest examples were replaced."""

@@ -314,7 +314,7 @@ def test_a_retraining_cross_fits_only_the_examples_the_live_model_never_saw(
     with seed.open("w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([("text", "category"), *rows[:300]])
     s = settings_factory(zh_model="", learn_seed_data=seed, learn_retrain_every=50, learn_retrain_growth=0.0,
-                         learn_per_minute=10**6, learn_min_eval=10, learn_holdout=0.3)
+                         learn_retrain_s=3.0, learn_per_minute=10**6, learn_min_eval=10, learn_holdout=0.3)
     trainer = Trainer(s)
     store = ModelStore(trainer.r, s.redis.prefix)
     t0 = int(time.time() * 1000)
@@ -341,10 +341,20 @@ def test_a_retraining_cross_fits_only_the_examples_the_live_model_never_saw(
     assert ev["pooled"]["n"] == ev["agreement"]["n"] + len(training), ev
     assert "crossfit" not in report  # the per-example answers stay out of the manifest
 
+    # RETRAIN_S counts from the end of the last retraining (longer than 3 s): a few new examples wait for it
+    offer(700, 705)
+    trainer.tick(t0)
+    assert trainer.training is None
+    time.sleep(3.1)
+    trainer.tick(t0)
+    assert trainer.training is not None
+    trainer.training.proc.wait(180)
+    trainer.tick(t0)
+
     store.set_live(first["version"], "promote", "test", "an operator's promote")  # the trainer follows the pointer
-    offer(700, 900)
+    offer(705, 900)
     second = retrain()
     newer = [e for e in trainer.store.examples.values() if not e.held_out and e.at_ms > first["data"]["to_ms"]]
-    assert second["parent"] == first["version"]
+    assert second["parent"] == first["version"] and second["data"]["examples"] > first["data"]["examples"] + 100
     assert second["training"]["crossfit_examples"] == len(newer) > 80
     assert second["evaluation"]["pooled"]["n"] == second["evaluation"]["agreement"]["n"] + len(newer)
