@@ -91,6 +91,7 @@ class Proc:
     log_path: Path | None = None
     graceful: bool = True  # False: stopped with SIGKILL once every process started after it has exited
     stop_timeout_s: float | None = None  # how long a SIGTERM may take (None: the stack's default)
+    service: bool = False  # broker, Redis, object store: stopped only once every agent has exited
 
 
 @dataclass
@@ -112,14 +113,14 @@ class Stack:
         return d
 
     def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, graceful: bool = True,
-              stop_timeout_s: float | None = None) -> Proc:
+              stop_timeout_s: float | None = None, service: bool = False) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, preexec_fn=_die_with_parent, start_new_session=True,
             )
-        proc = Proc(name, popen, log_path, graceful, stop_timeout_s)
+        proc = Proc(name, popen, log_path, graceful, stop_timeout_s, service)
         self.procs.append(proc)
         return proc
 
@@ -142,7 +143,7 @@ class Stack:
         if broker.needs_object_store(durable) and self.s3_port is None:
             self.start_object_store(timeout)
         launch = broker.launch(port, data, durable, self.s3_port)
-        p = self.spawn("broker", launch.argv, env=launch.env, stop_timeout_s=launch.stop_timeout_s)
+        p = self.spawn("broker", launch.argv, env=launch.env, stop_timeout_s=launch.stop_timeout_s, service=True)
         wait_port("127.0.0.1", port, timeout, p.popen, f"the embedded broker ({broker.label})")
         bounds = broker.topic_config()
         updates: dict[str, float] = {}
@@ -171,7 +172,7 @@ class Stack:
         argv += [f"-{name if '.' in name else name + '.port'}={port}" for name, port in ports.items()]
         # SeaweedFS spends 15 s on SIGTERM waiting for its own gRPC streams; what tansu was acknowledged for
         # is on disk already, so `stop()` kills it once tansu has exited.
-        p = self.spawn("s3", argv, graceful=False)
+        p = self.spawn("s3", argv, graceful=False, service=True)
         self.s3_port = ports["s3"]
         deadline = time.monotonic() + timeout
         while True:  # the gateway answers only once master, volume and filer are up: create the bucket then
@@ -193,7 +194,7 @@ class Stack:
         data.mkdir(parents=True, exist_ok=True)
         p = self.spawn("redis", [redis_binary(), "--port", str(port), "--bind", "127.0.0.1",
                                  "--save", "", "--appendonly", "no", "--dir", str(data.resolve()),
-                                 "--protected-mode", "no"])
+                                 "--protected-mode", "no"], service=True)
         wait_port("127.0.0.1", port, timeout, p.popen, "the embedded Redis (valkey)")
 
     def start_services(self) -> None:
@@ -234,12 +235,19 @@ class Stack:
         return [p for p in self.procs if p.popen.poll() is not None]
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM everything (agents first, servers last), then SIGKILL what is still alive."""
-        for p in reversed(self.procs):
+        """SIGTERM the agents and wait for them, then the services (broker, Redis) the same way; SIGKILL what is
+        still alive at each deadline. In that order because an agent's shutdown talks to them: a broker stopping
+        beside faust's consumer left it retrying a closed port until it was killed."""
+        self._stop([p for p in self.procs if not p.service], timeout)
+        self._stop([p for p in self.procs if p.service], timeout)
+        self.procs.clear()
+
+    def _stop(self, procs: list[Proc], timeout: float) -> None:
+        for p in reversed(procs):
             if p.graceful:
                 _signal_group(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for p in reversed(self.procs):
+        for p in reversed(procs):
             if not p.graceful:
                 _signal_group(p.popen, signal.SIGKILL)
             if p.stop_timeout_s is not None:  # a broker saving its log: give it the time it asked for
@@ -251,7 +259,6 @@ class Stack:
                 log.warning("%s did not stop in time; killing it", p.name)
                 _signal_group(p.popen, signal.SIGKILL)
                 p.popen.wait(5)
-        self.procs.clear()
 
     def tail(self, name: str, lines: int = 20) -> str:
         for p in self.procs:
