@@ -355,6 +355,19 @@ def decision(e: dict[str, Any], manifest: dict[str, Any]) -> str:
     return cell
 
 
+def crossfit_mattered(decided: list[dict[str, Any]], manifests: dict[str, dict[str, Any]],
+                      measured: dict[str, Point]) -> str:
+    """A line naming the promotions the held-out slice alone would have refused (its interval reaching the margin)."""
+    margin = Settings().learn.margin
+    names = [f"{measured[e['version']].examples:,} examples" for e in decided if e["action"] == "promote"
+             and "pooled" in manifests[e["version"]]["evaluation"]
+             and manifests[e["version"]]["evaluation"]["agreement"]["lo"] <= margin]
+    if not names:
+        return ""
+    return (f"- Promoted on cross-fitted evidence where the held-out slice alone could not tell: the model trained "
+            f"on {', '.join(names)} (its held-out interval reaches the margin; the pooled one clears it).\n")
+
+
 def crossfit_cost(manifests: dict[str, dict[str, Any]]) -> str:
     """What cross-fitting cost the retrainings that did it."""
     runs = [m.get("training", {}) for m in manifests.values()]
@@ -427,7 +440,7 @@ def report(args: argparse.Namespace, points: list[Point], full: Point, decided: 
         + ("" if settled else f"- **The run ended with examples the trainer had not yet judged** "
                               f"({state.get('new_since_training', 0):,} new since its last retraining, training now: "
                               f"{state.get('training_now')}): the table stops short of what it would reach.\n")
-        + crossfit_cost(manifests) +
+        + crossfit_mattered(decided, manifests, measured) + crossfit_cost(manifests) +
         f"- Answers during the unlabelled stream: light {unlabelled.get('light', 0) / total:.1%}, heavy "
         f"{heavy_share:.1%}; heavy {late_heavy:.1%} of its second half, against the {args.budget:.0%} budget: "
         + ("**held**" if late_heavy <= args.budget + 0.02 else
