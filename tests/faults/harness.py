@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.kafka import Headers, make_consumer, make_producer, topics_of
@@ -527,6 +527,43 @@ def verify(sent: Sent, obs: Observer, duplicate_bound: int | None = None) -> Ver
         dead_by_stage=dict(Counter(d.stage.split(":")[0] if d.stage.startswith("ingest") else d.stage
                                    for d in dead)),
     )
+
+
+def trace(settings: Settings, ids: Sequence[str], timeout: float = 20.0) -> dict[str, list[str]]:
+    """Where each id went: every record on every tierflow topic whose key is the id or whose value names it,
+    read from the beginning, aborted transactions included (read_uncommitted). For a lost id this tells a
+    pipeline that dropped it (it stops at some topic) from an observer that missed it (it is on the answers
+    topic)."""
+    wanted = {i: i.encode() for i in ids}
+    found: dict[str, list[str]] = {i: [] for i in ids}
+    if not ids:
+        return found
+    c = make_consumer(settings, f"faults-trace-{uuid.uuid4().hex[:8]}", **{"isolation.level": "read_uncommitted",
+                                                                          "enable.partition.eof": True})
+    try:
+        parts = []
+        for topic, meta in c.list_topics(timeout=10).topics.items():
+            if topic.startswith(settings.topic.prefix):
+                parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
+        c.assign(parts)
+        pending, deadline = {(tp.topic, tp.partition) for tp in parts}, time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for m in c.consume(5000, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard((m.topic() or "", m.partition() or 0))
+                    continue
+                key, value = m.key() or b"", m.value() or b""
+                for i, b in wanted.items():
+                    if key == b or b'"' + b + b'"' in value:
+                        found[i].append(f"{m.topic()}[{m.partition()}]@{m.offset()} key={key[:40]!r} "
+                                        f"{value[:160]!r}")
+        if pending:
+            found["(not read to the end)"] = sorted(f"{t}[{p}]" for t, p in pending)
+    finally:
+        c.close()
+    return found
 
 
 def batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -23,7 +23,7 @@ from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.kafka import Headers, Tail, make_producer, topics_of
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
-from tests.faults.harness import Observer, PidWatch, Traffic, Up, verify
+from tests.faults.harness import Observer, PidWatch, Traffic, Up, trace, verify
 from tests.integration.helpers import wait_ready
 
 pytestmark = pytest.mark.integration
@@ -134,7 +134,7 @@ def test_hostile_records_in_steady_traffic(settings_factory: Callable[..., Setti
         )
         assert up.alive(), up.output()
         assert not restarts, (restarts, up.output())
-        assert verdict.held, verdict.violations
+        assert verdict.held, (verdict.violations, trace(s, verdict.lost[:3]))
         assert all(truthful.values()), {h.name: found.get(h.name) for h in hostile if not truthful[h.name]}
     finally:
         up.stop()
