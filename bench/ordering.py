@@ -62,6 +62,45 @@ class Outcome:
     passed: int
 
 
+class Writers:
+    """`producers` producers, each writing `per` records at `rate`/s into `topic` from a thread of its own, as
+    tierflow's workers write the answers topic; `acked`: the values the broker acknowledged."""
+
+    def __init__(self, s: Settings, topic: str, producers: int, per: int, rate: float) -> None:
+        self.s, self.topic, self.per, self.rate = s, topic, per, rate
+        self.acked: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(producers)]
+
+    def start(self) -> Writers:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+
+    def _run(self, i: int) -> None:
+        p = make_producer(self.s)
+
+        def cb(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                with self._lock:
+                    self.acked.add(msg.value() or b"")
+        t0 = time.monotonic()
+        for n in range(self.per):
+            p.produce(self.topic, f"p{i}-{n}".encode(), key=f"k{n % 97}".encode(), on_delivery=cb)
+            p.poll(0)
+            ahead = (n + 1) / self.rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+        p.flush(60)
+
+
 def run_once(s: Settings, producers: int, per: int, rate: float) -> Outcome:
     topic = f"ord-{uuid.uuid4().hex[:6]}"
     admin = make_admin(s)  # kept: a collected AdminClient fails its own futures
@@ -75,34 +114,13 @@ def run_once(s: Settings, producers: int, per: int, rate: float) -> Outcome:
         while not stop.is_set():
             t.take(t.consumer.consume(2000, 0.2))
 
-    acked: set[bytes] = set()
-    lock = threading.Lock()
-
-    def produce(i: int) -> None:
-        p = make_producer(s)
-
-        def cb(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                with lock:
-                    acked.add(msg.value() or b"")
-        t0 = time.monotonic()
-        for n in range(per):
-            p.produce(topic, f"p{i}-{n}".encode(), key=f"k{n % 97}".encode(), on_delivery=cb)
-            p.poll(0)
-            ahead = (n + 1) / rate - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-        p.flush(60)
-
     readers = [threading.Thread(target=tail, args=(t,), daemon=True) for t in (plain, ordered)]
     for r in readers:
         r.start()
     time.sleep(3)  # both joined before the first record
-    writers = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join()
+    writers = Writers(s, topic, producers, per, rate).start()
+    writers.join()
+    acked = writers.acked
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not acked <= ordered.seen:
         time.sleep(0.5)

@@ -8,15 +8,15 @@ expected offset. Elsewhere the consumer is a plain one (a Kafka transaction mark
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
+from bench.ordering import Writers
 from pipeline.adapters.brokers import EmbeddedBroker
-from pipeline.adapters.kafka import OrderedConsumer, make_consumer, make_producer, topics_of
+from pipeline.adapters.kafka import OrderedConsumer, make_consumer, topics_of
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -33,37 +33,16 @@ def test_a_tailing_consumer_gets_every_record_once_at_contiguous_offsets(
     c.subscribe([topic])
     got: list[Message] = []
 
-    acked: set[bytes] = set()
-    lock = threading.Lock()
-
-    def write(i: int) -> None:
-        p = make_producer(s)
-
-        def cb(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                with lock:
-                    acked.add(msg.value() or b"")
-        t0 = time.monotonic()
-        for n in range(PER):
-            p.produce(topic, f"p{i}-{n}".encode(), key=f"k{n % 31}".encode(), on_delivery=cb)
-            p.poll(0)
-            ahead = (n + 1) / RATE - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-        assert p.flush(30) == 0
-
     # One thread uses the consumer, as every tierflow loop does.
     deadline = time.monotonic() + 30
     while not c.assignment() and time.monotonic() < deadline:
         got.extend(m for m in c.consume(100, 0.2) if m.error() is None)
-    writers = [threading.Thread(target=write, args=(i,)) for i in range(PRODUCERS)]
-    for w in writers:
-        w.start()
+    writers = Writers(s, topic, PRODUCERS, PER, RATE).start()
+    acked = writers.acked
     deadline = time.monotonic() + PER / RATE + 60
-    while time.monotonic() < deadline and (any(w.is_alive() for w in writers) or len(got) < len(acked)):
+    while time.monotonic() < deadline and (writers.alive() or len(got) < len(acked)):
         got.extend(m for m in c.consume(2000, 0.2) if m.error() is None)
-    for w in writers:
-        w.join()
+    writers.join()
     end = time.monotonic() + 1.0
     while time.monotonic() < end:
         got.extend(m for m in c.consume(2000, 0.2) if m.error() is None)
