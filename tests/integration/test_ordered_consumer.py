@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, Producer, TopicPartition
 
 from bench.ordering import Writers
 from pipeline.adapters.brokers import EmbeddedBroker
@@ -67,5 +67,31 @@ def test_a_tailing_consumer_gets_every_record_once_at_contiguous_offsets(
         while time.monotonic() < deadline and len(again) < 10:
             again += [m for m in c.consume(100, 0.2) if m.error() is None and m.partition() == 0]
         assert [m.offset() for m in again[:10]] == list(range(10))
+    finally:
+        c.close()
+
+
+def test_with_transactions_the_guard_is_off_and_commit_markers_pass(settings_factory: Callable[..., Settings]) -> None:
+    """Every commit marker is a gap in the offsets a read_committed consumer sees; guarded, each would hold a
+    reader for GapGuard.grace_s (measured on tansu: 5 transactions read in 8.7 s). With TIERFLOW_EXACTLY_ONCE
+    the consumers are plain ones."""
+    s = settings_factory(exactly_once=True)
+    topic = topics_of(s).answers
+    p = Producer({**s.kafka_config(), "transactional.id": f"{s.topic.prefix}tx"})
+    p.init_transactions(30)
+    for t in range(5):
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic, f"{t}-{i}".encode(), partition=0)
+        p.commit_transaction(30)
+    c = make_consumer(s, f"{s.topic.prefix}tx-reader")
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        got: list[Message] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(got) < 15:
+            got += [m for m in c.consume(100, 0.2) if m.error() is None]
+        assert [m.value() for m in got] == [f"{t}-{i}".encode() for t in range(5) for i in range(3)]
+        assert isinstance(c, OrderedConsumer) and c._guarded is False and c.guard.passed == 0
     finally:
         c.close()
