@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
-from tests.faults.harness import Observer, RssSampler, Traffic, Up, verify
+from tests.faults.harness import Observer, RssSampler, Traffic, Up, trace, verify
 from tests.integration.helpers import wait_ready
 
 VICTIMS = ("worker-light", "worker-heavy", "ingest", "feedback")
@@ -80,7 +80,7 @@ def test_kill_agents_during_a_run(settings_factory: Callable[..., Settings], tmp
                     "slowest restart s": round(restart_s, 1), "drain after last send s": round(waited, 1)},
             peak_rss_mib=rss.peak_mib(),
         )
-        assert verdict.held, verdict.violations
+        assert verdict.held, (verdict.violations, trace(s, verdict.lost[:3]))
         assert alive and up.alive(), up.output()
     finally:
         up.stop()

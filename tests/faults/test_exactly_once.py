@@ -16,7 +16,7 @@ import pytest
 from pipeline.adapters.brokers import EmbeddedBroker
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
-from tests.faults.harness import Agents, Observer, RssSampler, Traffic, verify
+from tests.faults.harness import Agents, Observer, RssSampler, Traffic, trace, verify
 from tests.integration.helpers import wait_ready
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def test_exactly_once_survives_worker_kills(settings_factory: Callable[..., Sett
                   "aborts the transaction the killed one left open. The observer reads with isolation.level="
                   "read_committed and counts raw answers.",
         )
-        assert verdict.held, verdict.violations
+        assert verdict.held, (verdict.violations, trace(s, verdict.lost[:3]))
         assert verdict.raw_answers == verdict.answered == verdict.sent_valid
     finally:
         agents.stop()

@@ -19,7 +19,7 @@ import redis
 from pipeline.adapters.heartbeats import observe
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
-from tests.faults.harness import Agents, Observer, RssSampler, Traffic, cli, verify
+from tests.faults.harness import Agents, Observer, RssSampler, Traffic, cli, trace, verify
 from tests.integration.helpers import wait_ready
 
 DEGRADE_LAG = 200
@@ -125,7 +125,7 @@ def test_overload_degrades_and_drains(settings_factory: Callable[..., Settings],
                   "long runs instead of flapping per message; heavy's backlog stays near degrade_lag.",
         )
         assert not dead, [agents.log(n)[-1500:] for n in ("ingest", "worker-heavy")]
-        assert verdict.held and not verdict.lost, verdict.violations
+        assert verdict.held and not verdict.lost, (verdict.violations, trace(s, verdict.lost[:3]))
         assert over_at is not None and degraded, (reasons, lag.points[-20:])
         assert in_order, (over_at, first_degraded)
         assert all(a.tier == "light" and "degraded_lag" in a.route_reason for a in degraded), reasons

@@ -18,7 +18,7 @@ from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 from tests.faults.conftest import Reliability
-from tests.faults.harness import Agents, Observer, RssSampler, Traffic, verify
+from tests.faults.harness import Agents, Observer, RssSampler, Traffic, trace, verify
 from tests.integration.helpers import wait_ready
 
 TIERS = ["light", "heavy", "multimodal"]
@@ -94,7 +94,7 @@ def test_redis_outage_under_load(settings_factory: Callable[..., Settings], own_
                   "the first heartbeat (counted in degraded answers).",
         )
         assert not dead, [agents.log(n)[-1500:] for n in ("ingest", "worker-light")]
-        assert verdict.held, verdict.violations
+        assert verdict.held, (verdict.violations, trace(s, verdict.lost[:3]))
         assert tiers_during == sorted(TIERS), tiers_during
         assert last_known, medium_during[:5]
         assert restored is not None and restored.version >= 2 and restored.length_threshold == 60
