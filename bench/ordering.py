@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message
 from confluent_kafka.admin import NewTopic
 
 from bench.common import write_section
 from pipeline.adapters.brokers import BrokerName
-from pipeline.adapters.kafka import OrderedConsumer, consumer_config, make_admin, make_consumer, make_producer
+from pipeline.adapters.kafka import OrderedConsumer, Tail, consumer_config, make_admin, make_consumer, make_producer
 from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
 
@@ -138,19 +138,15 @@ def run_once(s: Settings, producers: int, per: int, rate: float) -> Outcome:
 
 
 def read_all(s: Settings, topic: str) -> set[bytes]:
-    c = make_consumer(s, f"check-{topic}", **{"enable.partition.eof": True})
-    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    """Every record of `topic`, read from the beginning once the producers are done."""
+    tail = Tail(s, topic, start="beginning")
     seen: set[bytes] = set()
-    ended: set[int] = set()
     deadline = time.monotonic() + 120
-    while len(ended) < PARTITIONS and time.monotonic() < deadline:
-        for m in c.consume(10000, 0.5):
-            err = m.error()
-            if err is None:
-                seen.add(m.value() or b"")
-            elif err.code() == KafkaError._PARTITION_EOF:
-                ended.add(m.partition() or 0)
-    c.close()
+    try:
+        while not tail.caught_up and time.monotonic() < deadline:
+            seen.update(m.value() or b"" for m in tail.poll(0.5, 10_000))
+    finally:
+        tail.close()
     return seen
 
 
