@@ -43,6 +43,9 @@ BrokerName = Literal["noida", "tansu"]
 
 # The cluster id tierflow gives its embedded tansu: how any client tells that it talks to tansu.
 TANSU_CLUSTER_ID = "tansu_cluster"
+# The cluster id noida-db always reports (fixed in its binary, the same for every data dir): how a client tells it
+# talks to noida, which answers every fetch at once.
+NOIDA_CLUSTER_ID = "MkU3OEVBNTctOEUyRi00"
 
 
 @dataclass(frozen=True)
@@ -119,9 +122,8 @@ class Noida(EmbeddedBroker):
 
     # It answers every fetch at once (fetch.wait.max.ms ignored), so an idle consumer fetches in a loop. The
     # feedback agent (aiokafka, off the answer path) sleeps this long after an empty fetch: measured idle, 90% of
-    # a core -> 17%. librdkafka consumers cannot be paced from outside: pausing and resuming partitions between
-    # consumes (tried) left them paused for up to 11 s, as the fetcher missed the resumes; they still spin
-    # (about 5% of a core each and 6% of noida's, measured on an idle `tierflow up`).
+    # a core -> 17%. tierflow's librdkafka consumers pause their partitions when idle and probe the log's end
+    # instead (`answers_fetches_at_once`, pipeline/core/fetch_pacing.py).
     IDLE_PAUSE_MS = 5.0
 
     def idle_pause_ms(self) -> float | None:
@@ -170,6 +172,12 @@ def embedded_broker(name: str) -> EmbeddedBroker:
 def counts_batches(cluster_id: str | None) -> bool:
     """True for a broker whose ListOffsets end offsets count batches, not records (tierflow's embedded tansu)."""
     return cluster_id == TANSU_CLUSTER_ID
+
+
+def answers_fetches_at_once(cluster_id: str | None) -> bool:
+    """True for a broker that answers an empty fetch at once instead of holding it `fetch.wait.max.ms`
+    (noida-db): its consumers pace their own fetches (pipeline/core/fetch_pacing.py)."""
+    return cluster_id == NOIDA_CLUSTER_ID
 
 
 def shows_out_of_order(cluster_id: str | None) -> bool:

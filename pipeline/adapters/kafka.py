@@ -19,8 +19,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import metrics
-from pipeline.adapters.brokers import counts_batches, shows_out_of_order
+from pipeline.adapters.brokers import answers_fetches_at_once, counts_batches, shows_out_of_order
 from pipeline.contracts.topics import Topics, TopicSpec, topic_specs
+from pipeline.core.fetch_pacing import FetchPacer, behind_ends
 from pipeline.core.ordering import GapGuard
 from pipeline.errors import InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
@@ -81,19 +82,27 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
 RECEIVE_MAX_BYTES = 1_000_000_000  # librdkafka's receive.message.max.bytes ceiling is 2^31 - 1
 
 
-def make_member(settings: Settings, group: str, **overrides: Any) -> Consumer:
+def make_member(settings: Settings, group: str, rest_max_ms: float | None = None, **overrides: Any) -> Consumer:
     """A consumer for a long-lived member of `group` (ingest, workers, their backfill lanes): with a stable
     process identity (`worker_id`) it rejoins as itself after a restart (static membership, KIP-345): no
     rebalance wait, and on the embedded noida, which never expires a member that stopped heartbeating, the
     only way a restarted member gets its partitions back at all (measured: none within 600 s)."""
     if settings.worker_id:
         overrides = {"group.instance.id": f"{group}-{settings.worker_id}", **overrides}
-    return make_consumer(settings, group, **overrides)
+    return make_consumer(settings, group, rest_max_ms, **overrides)
 
 
-def make_consumer(settings: Settings, group: str, **overrides: Any) -> Consumer:
+def make_consumer(settings: Settings, group: str, rest_max_ms: float | None = None, **overrides: Any) -> Consumer:
+    """A consumer with tierflow's defaults. `rest_max_ms`: the longest an idle consumer waits between looks at the
+    log's end, on a broker that does not hold fetches (default `TIERFLOW_KAFKA_REST_MAX_MS`; backfill lanes wait
+    longer)."""
+    k = settings.kafka
+    pacing = None if k.fetch_pacing == "auto" else k.fetch_pacing == "on"
+    pacer = FetchPacer(rest_after_s=k.rest_after_ms / 1000.0,
+                       max_s=(k.rest_max_ms if rest_max_ms is None else rest_max_ms) / 1000.0)
     # Transactions leave a gap at every commit marker: guarded, each would cost a reader GAP_GRACE_S.
-    return OrderedConsumer(consumer_config(settings, group, **overrides), guard=not settings.exactly_once)
+    return OrderedConsumer(consumer_config(settings, group, **overrides), guard=not settings.exactly_once,
+                           pacing=pacing, pacer=pacer)
 
 
 def consumer_config(settings: Settings, group: str, **overrides: Any) -> dict[str, Any]:
@@ -118,32 +127,54 @@ def consumer_config(settings: Settings, group: str, **overrides: Any) -> dict[st
     return conf
 
 
+LOOK_S = 0.005  # how long a resting consumer's periodic look waits for a fetch (noida answers in well under 1 ms)
+
+
 class OrderedConsumer(Consumer):
-    """A consumer that never skips a record a broker showed late (pipeline/core/ordering.py).
+    """A consumer that never skips a record a broker showed late, and rests while idle on a broker that answers
+    every fetch at once.
 
-    On a broker that can show a partition's records out of offset order (`shows_out_of_order`: tierflow's
-    tansu, known by its cluster id), each record goes through a `GapGuard`; one it holds back is dropped from what
-    this call returns, with the rest of its partition in hand, and the partition is read again from the offset
-    expected. Elsewhere, and with `guard=False`, this is a plain Consumer: a transaction's commit marker leaves
-    such a gap, and must not cost a wait (measured on tansu: 5 transactions read in 8.7 s guarded). So with
-    TIERFLOW_EXACTLY_ONCE tansu's readers can still skip; exactly-once is not provable on tansu anyway (it
-    shows aborted transactions).
+    Ordering (pipeline/core/ordering.py): on a broker that can show a partition's records out of offset order
+    (`shows_out_of_order`: tierflow's tansu, known by its cluster id), each record goes through a `GapGuard`; one
+    it holds back is dropped from what this call returns, with the rest of its partition in hand, and the
+    partition is read again from the offset expected. Elsewhere, and with `guard=False`, records pass as they
+    come: a transaction's commit marker leaves such a gap, and must not cost a wait (measured on tansu: 5
+    transactions read in 8.7 s guarded). So with TIERFLOW_EXACTLY_ONCE tansu's readers can still skip;
+    exactly-once is not provable on tansu anyway (it shows aborted transactions). Seeks and assigns start the
+    guard over; a rebalance does not (a rebalance callback of its own, tried, hung a consumer that a second
+    thread asked for its assignment during the join). A partition given back at a committed offset below where
+    this consumer was is followed; one that another member moved on meanwhile is read again from where this
+    consumer left it: duplicates, which answer consumers drop, never a skip.
 
-    Seeks and assigns start the guard over; a rebalance does not (a rebalance callback of its own, tried, hung a
-    consumer that a second thread asked for its assignment during the join). A partition given back at a
-    committed offset below where this consumer was is followed; one that another member moved on meanwhile is
-    read again from where this consumer left it: duplicates, which answer consumers drop, never a skip.
+    Pacing (pipeline/core/fetch_pacing.py): on a broker that answers an empty fetch at once (`pacing` None: known
+    by its cluster id, noida), librdkafka's fetcher loops without pause; idle, that was a third of a core per
+    agent. After `pacer.rest_after_s` without records this consumer pauses its partitions and, at each call,
+    asks for the log's end (ListOffsets) at growing intervals, resuming once records are past its position.
+    librdkafka's fetcher sleeps up to a second while every partition is paused and does not notice a resume by
+    itself (why an earlier try of pausing stalled partitions for seconds): a request to the leader after the
+    resume wakes it. Pausing keeps the position, so a record is late by at most a probe interval, never lost.
     """
 
-    def __init__(self, conf: dict[str, Any], guard: bool = True) -> None:
+    def __init__(self, conf: dict[str, Any], guard: bool = True, pacing: bool | None = None,
+                 pacer: FetchPacer | None = None) -> None:
         super().__init__(conf)
         self.guard = GapGuard()
         self._guarded: bool | None = None if guard else False  # None until the cluster id is known
+        self._pacing = pacing  # None until the cluster id is known
+        self.pacer = pacer or FetchPacer()
+        self._paused: list[TopicPartition] = []
+        self._starts: dict[tuple[str, int], int | None] = {}  # per paused partition, the next offset to deliver
+        self._learn_after = 0.0  # when the cluster id may be asked for again after a failure
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        if self._paced():
+            return self._in_order(self._consume_paced(num_messages, timeout))
         return self._in_order(super().consume(num_messages, timeout))
 
     def poll(self, timeout: float = -1) -> Message | None:
+        if self._paced():
+            msgs = self.consume(1, timeout)
+            return msgs[0] if msgs else None
         m = super().poll(timeout)
         if m is None:
             return None
@@ -152,27 +183,156 @@ class OrderedConsumer(Consumer):
 
     def seek(self, partition: TopicPartition) -> None:
         self.guard.forget([(partition.topic, partition.partition)])
+        self._wake()
         super().seek(partition)
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.guard.forget()
+        self._wake()
         super().assign(partitions)
 
     def unassign(self) -> None:
         self.guard.forget()
+        self._wake()
         super().unassign()
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         self.guard.forget((tp.topic, tp.partition) for tp in partitions)
+        self._wake()
         super().incremental_assign(partitions)
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self._wake()
+        super().incremental_unassign(partitions)
+
+    # --- the broker's quirks, known by its cluster id
+    def _learn_broker(self) -> None:
+        now = time.monotonic()
+        if now < self._learn_after:
+            return
+        try:
+            cluster = self.list_topics(timeout=2).cluster_id
+        except KafkaException:
+            self._learn_after = now + 5.0  # the broker is down: ask again later, unpaced and unguarded meanwhile
+            return
+        if self._guarded is None:
+            self._guarded = shows_out_of_order(cluster)
+        if self._pacing is None:
+            self._pacing = answers_fetches_at_once(cluster)
+
+    def _paced(self) -> bool:
+        if self._pacing is None:
+            self._learn_broker()
+        return bool(self._pacing)
+
+    # --- pacing
+    def _consume_paced(self, num: int, timeout: float) -> list[Message]:
+        p = self.pacer
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            left = None if deadline is None else deadline - now
+            if not p.resting:
+                hot = p.hot_left_s(now)
+                msgs = super().consume(num, hot if left is None else max(0.0, min(left, hot)))
+                now = time.monotonic()
+                if msgs:
+                    p.got(now)
+                    return msgs
+                if p.should_rest(now):
+                    self._rest(now)
+            elif p.probe_due(now):
+                msgs = super().consume(num, 0)  # serves rebalance callbacks; records of a partition not paused
+                if msgs:
+                    self._wake()
+                    return msgs
+                if self._behind():
+                    self._wake()
+                    continue
+                if p.recheck_due(now) and (msgs := self._look(num)):
+                    return msgs
+                p.probed(now)
+            if deadline is not None and now >= deadline:
+                return []
+            if p.resting:
+                wait = p.wait_s(now)
+                time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - now)))
+
+    def _rest(self, now: float) -> None:
+        """Pause every assigned partition, noting where each will be read next."""
+        try:
+            parts = self.assignment()
+            starts: dict[tuple[str, int], int | None] = {}
+            for tp in self.position(parts) if parts else []:
+                if tp.offset >= 0:
+                    starts[(tp.topic, tp.partition)] = tp.offset
+                else:  # nothing delivered from it yet: it was read up to the end the last fetch saw
+                    _, high = self.get_watermark_offsets(tp, cached=True)
+                    starts[(tp.topic, tp.partition)] = int(high) if high is not None and high >= 0 else None
+            if parts:
+                self.pause(parts)
+        except KafkaException as e:
+            log.debug("pause failed: %s", e)
+            parts = []
+        if not parts:  # nothing assigned, so nothing is fetched: wait in consume() as usual
+            self.pacer.got(now)
+            return
+        self._paused, self._starts = parts, starts
+        self.pacer.rest(now)
+
+    def _behind(self) -> bool:
+        """Whether the log's end is past this consumer's position on any partition (or the assignment changed)."""
+        try:
+            parts = self.assignment()
+            if {(tp.topic, tp.partition) for tp in parts} != set(self._starts):
+                return True
+            ends = self.offsets_for_times([TopicPartition(tp.topic, tp.partition, -1) for tp in parts], timeout=2)
+        except KafkaException:
+            return True  # let a fetch find out what is wrong
+        return behind_ends({(tp.topic, tp.partition): tp.offset for tp in ends}, self._starts)
+
+    def _look(self, num: int) -> list[Message]:
+        """Fetch once whatever the ends said, then rest again if nothing came: a record fetched into the queue just
+        as the partitions were paused, before the application had read from them (no position to compare the
+        ends with), is dropped by the pause; this finds it within `recheck_s`."""
+        parts = self._paused
+        try:
+            self.resume(parts)
+            self._nudge(parts)
+            msgs = super().consume(num, LOOK_S)
+            if msgs:
+                self._paused, self._starts = [], {}
+                self.pacer.got(time.monotonic())
+                return msgs
+            self.pause(parts)
+        except KafkaException as e:
+            log.debug("look: %s", e)
+        self.pacer.rechecked(time.monotonic())
+        return []
+
+    def _nudge(self, parts: list[TopicPartition]) -> None:
+        """Wake librdkafka's fetcher: it sleeps up to a second with every partition paused and does not notice a
+        resume by itself. A request to the partitions' leader does it."""
+        self.offsets_for_times([TopicPartition(tp.topic, tp.partition, -1) for tp in parts[:1]], timeout=2)
+
+    def _wake(self) -> None:
+        """Resume what was paused and make the fetcher see it; hot from now."""
+        now = time.monotonic()
+        if self._paused:
+            parts, self._paused, self._starts = self._paused, [], {}
+            try:
+                self.resume(parts)
+                self._nudge(parts)
+            except KafkaException as e:
+                log.debug("resume: %s", e)
+        self.pacer.got(now)
 
     def _in_order(self, msgs: list[Message]) -> list[Message]:
         if not msgs:
             return msgs
         if self._guarded is None:
-            try:
-                self._guarded = shows_out_of_order(self.list_topics(timeout=5).cluster_id)
-            except KafkaException:
+            self._learn_broker()
+            if self._guarded is None:
                 return msgs  # asked again with the next records
         if not self._guarded:
             return msgs

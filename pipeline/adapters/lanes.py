@@ -47,7 +47,9 @@ class BackfillLane:
     def __init__(self, settings: Settings, group: str, topic: str, who: str, dlq: DeadLetters,
                  transactional_id: str | None = None, output: bool = False) -> None:
         self.s, self.topic, self.who, self.dlq = settings, topic, who, dlq
-        self.consumer: Consumer = make_member(settings, group, **backfill_consumer_config(settings))
+        # Idle, it looks at its topic's end as often as its fetches would wait on a broker that holds them.
+        self.consumer: Consumer = make_member(settings, group, rest_max_ms=settings.replay.fetch_wait_ms,
+                                              **backfill_consumer_config(settings))
         self.delivery = DeliveryTracker()
         extra = {"transactional.id": transactional_id} if transactional_id else {}
         make = make_output_producer if output else make_producer

@@ -95,3 +95,37 @@ def test_with_transactions_the_guard_is_off_and_commit_markers_pass(settings_fac
         assert isinstance(c, OrderedConsumer) and c._guarded is False and c.guard.passed == 0
     finally:
         c.close()
+
+
+def test_an_idle_consumer_rests_on_a_broker_that_answers_fetches_at_once_and_wakes_for_a_record(
+        settings_factory: Callable[..., Settings], broker: EmbeddedBroker | None) -> None:
+    """On noida an idle consumer pauses its partitions (no fetch loop) and a record produced later still arrives,
+    within a probe interval, with nothing skipped; elsewhere (the broker holds fetches) it never pauses."""
+    s = settings_factory(kafka_rest_after_ms=200.0, kafka_rest_max_ms=50.0)
+    topic = topics_of(s).answers
+    c = make_consumer(s, f"{s.topic.prefix}paced")
+    assert isinstance(c, OrderedConsumer)
+    c.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not c.assignment() and time.monotonic() < deadline:
+        c.consume(100, 0.2)
+    paced = broker is not None and broker.name == "noida"
+    p = Producer(s.kafka_config())
+    try:
+        for i in range(5):
+            quiet = time.monotonic() + 0.6  # past rest_after: resting, as an idle agent is
+            while time.monotonic() < quiet:
+                assert c.consume(100, 0.05) == []
+            assert c.pacer.resting is paced and bool(c._paused) is paced
+            sent = time.monotonic()
+            p.produce(topic, f"r{i}".encode(), partition=i % 4)
+            p.flush(10)
+            got: list[Message] = []
+            while not got and time.monotonic() - sent < 5:
+                got = [m for m in c.consume(100, 0.1) if m.error() is None]
+            waited = time.monotonic() - sent
+            assert [m.value() for m in got] == [f"r{i}".encode()], f"record {i} not delivered in {waited:.1f}s"
+            assert waited < 1.0, f"record {i} took {waited:.2f}s to arrive"  # a lost wake-up takes a second or more
+            assert not c.pacer.resting
+    finally:
+        c.close()

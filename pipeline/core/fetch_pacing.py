@@ -1,0 +1,85 @@
+"""When a consumer may fetch, on a broker that answers an empty fetch at once. Pure: times are passed in.
+
+Kafka holds an empty fetch up to `fetch.wait.max.ms` and answers the moment a record arrives, so an idle
+librdkafka consumer costs nothing. A broker that answers at once (the embedded noida) turns each consumer's
+fetcher into a busy loop: measured, an idle `tierflow up` kept both cores of a 2-core machine busy. So the
+consumer paces itself: while records flow it fetches freely (`hot`); after `rest_after_s` without any it pauses
+its partitions (no fetches at all) and asks the broker for the log's end instead, one cheap request at
+intervals doubling from `first_s` up to `max_s`; records past its position wake it. Every `recheck_s` it wakes
+regardless, whatever the ends said (a safety net: a record is late by at most that, never lost, since pausing
+and resuming keep the position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TP = tuple[str, int]
+
+
+@dataclass
+class FetchPacer:
+    """The hot/resting state of one consumer and when its next probe of the log's end is due."""
+
+    rest_after_s: float = 0.5
+    first_s: float = 0.002
+    max_s: float = 0.05
+    recheck_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        self.resting = False
+        self._last_data = 0.0  # the last time records arrived (or the consumer woke)
+        self._interval = self.first_s
+        self._next_probe = 0.0
+        self._recheck_at = 0.0
+
+    def got(self, now: float) -> None:
+        """Records arrived (or something else says the consumer should be awake): stay hot from `now`."""
+        self.resting = False
+        self._last_data = now
+
+    def should_rest(self, now: float) -> bool:
+        return not self.resting and now - self._last_data >= self.rest_after_s
+
+    def hot_left_s(self, now: float) -> float:
+        """How long a hot consumer may still wait for records before it rests (0 when resting)."""
+        return 0.0 if self.resting else max(0.0, self.rest_after_s - (now - self._last_data))
+
+    def rest(self, now: float) -> None:
+        self.resting = True
+        self._interval = self.first_s
+        self._next_probe = now + self._interval
+        self._recheck_at = now + self.recheck_s
+
+    def probe_due(self, now: float) -> bool:
+        return self.resting and now >= self._next_probe
+
+    def recheck_due(self, now: float) -> bool:
+        return now >= self._recheck_at
+
+    def rechecked(self, now: float) -> None:
+        """A look at the partitions themselves (not their ends) found nothing: the next in `recheck_s`."""
+        self._recheck_at = now + self.recheck_s
+
+    def probed(self, now: float) -> None:
+        """A probe found nothing new: the next one waits twice as long, up to `max_s`."""
+        self._interval = min(self._interval * 2.0, self.max_s)
+        self._next_probe = now + self._interval
+
+    def wait_s(self, now: float) -> float:
+        """How long until the next probe (0 when one is due or the consumer is hot)."""
+        return max(0.0, self._next_probe - now) if self.resting else 0.0
+
+
+def behind_ends(ends: Mapping[TP, int], starts: Mapping[TP, int | None]) -> bool:
+    """Whether any partition's end offset is past where this consumer would read next.
+
+    `starts`: per partition the next offset to deliver (None: unknown, which counts as behind). A partition in
+    `ends` missing from `starts` is one assigned since the consumer paused: behind, so it wakes and looks.
+    """
+    for tp, end in ends.items():
+        start = starts.get(tp)
+        if start is None or end > start:
+            return True
+    return False

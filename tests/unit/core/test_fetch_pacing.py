@@ -1,0 +1,47 @@
+"""The pacing of a consumer on a broker that answers empty fetches at once: hot while records flow, resting after."""
+
+from __future__ import annotations
+
+from pipeline.core.fetch_pacing import FetchPacer, behind_ends
+
+
+def test_a_consumer_stays_hot_while_records_flow_and_rests_after_the_quiet_period() -> None:
+    p = FetchPacer(rest_after_s=0.5, first_s=0.002, max_s=0.05)
+    p.got(10.0)
+    assert not p.should_rest(10.4) and abs(p.hot_left_s(10.4) - 0.1) < 1e-9
+    assert p.should_rest(10.5)
+    p.rest(10.5)
+    assert p.resting and not p.should_rest(11.0) and p.hot_left_s(11.0) == 0.0
+
+
+def test_probes_back_off_to_the_cap_and_records_make_it_hot_again() -> None:
+    p = FetchPacer(rest_after_s=0.5, first_s=0.002, max_s=0.05)
+    p.got(0.0)
+    p.rest(1.0)
+    assert not p.probe_due(1.001) and p.probe_due(1.002)
+    now, gaps = 1.002, []
+    for _ in range(8):
+        p.probed(now)
+        gaps.append(round(p.wait_s(now), 4))
+        now += p.wait_s(now)
+    assert gaps == [0.004, 0.008, 0.016, 0.032, 0.05, 0.05, 0.05, 0.05]  # a lone record waits at most max_s
+    p.got(now)
+    assert not p.resting and p.wait_s(now) == 0.0
+    p.rest(now + 0.5)
+    assert abs(p.wait_s(now + 0.5) - 0.002) < 1e-9  # a new rest starts from the shortest interval again
+
+
+def test_the_periodic_look_comes_every_recheck_s() -> None:
+    p = FetchPacer(recheck_s=2.0)
+    p.rest(0.0)
+    assert not p.recheck_due(1.9) and p.recheck_due(2.0)
+    p.rechecked(2.0)
+    assert not p.recheck_due(3.9) and p.recheck_due(4.0)
+
+
+def test_behind_when_an_end_is_past_the_next_offset_or_the_position_is_unknown() -> None:
+    starts: dict[tuple[str, int], int | None] = {("t", 0): 5, ("t", 1): 7}
+    assert not behind_ends({("t", 0): 5, ("t", 1): 7}, starts)
+    assert behind_ends({("t", 0): 6, ("t", 1): 7}, starts)
+    assert behind_ends({("t", 0): 5, ("t", 1): 7, ("t", 2): 0}, starts)  # assigned since the pause
+    assert behind_ends({("t", 0): 0}, {("t", 0): None})
