@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters
+from pipeline.adapters.doorbell import Bell, ring
 from pipeline.adapters.heartbeats import RECENT_S, Heartbeat, LatencyWindow
 from pipeline.adapters.kafka import (
     CRASH_MARK,
@@ -133,6 +134,7 @@ class Worker:
         self.r = r or make_redis(settings)
         self.group = settings.group(f"workers-{tier.value}")
         self.consumer = make_member(settings, self.group)
+        self.consumer.listen(lambda: Bell(settings, [self.topics.tier(tier)]))  # ingest (and light) ring it
         self.dlq = DeadLetters(settings, f"worker:{tier.value}")
         # Backfill: its own consumer, producer and batches, taken only while no live record waits. Its producer
         # writes answers and results: the output codec.
@@ -421,8 +423,11 @@ class Worker:
     def _finish(self, live: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
+        escalated = any(kind == "escalated" for kind, *_ in self._observed)
         if not self.committer.finish(live):
             return len(live)
+        if escalated:  # wake the resting heavy workers for what this batch escalated
+            ring(self.r, self.s.redis.prefix, [self.topics.tier(Tier.HEAVY)])
         self._count(len(live))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -82,7 +83,8 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
 RECEIVE_MAX_BYTES = 1_000_000_000  # librdkafka's receive.message.max.bytes ceiling is 2^31 - 1
 
 
-def make_member(settings: Settings, group: str, rest_max_ms: float | None = None, **overrides: Any) -> Consumer:
+def make_member(settings: Settings, group: str, rest_max_ms: float | None = None,
+                **overrides: Any) -> OrderedConsumer:
     """A consumer for a long-lived member of `group` (ingest, workers, their backfill lanes): with a stable
     process identity (`worker_id`) it rejoins as itself after a restart (static membership, KIP-345): no
     rebalance wait, and on the embedded noida, which never expires a member that stopped heartbeating, the
@@ -92,7 +94,8 @@ def make_member(settings: Settings, group: str, rest_max_ms: float | None = None
     return make_consumer(settings, group, rest_max_ms, **overrides)
 
 
-def make_consumer(settings: Settings, group: str, rest_max_ms: float | None = None, **overrides: Any) -> Consumer:
+def make_consumer(settings: Settings, group: str, rest_max_ms: float | None = None,
+                  **overrides: Any) -> OrderedConsumer:
     """A consumer with tierflow's defaults. `rest_max_ms`: the longest an idle consumer waits between looks at the
     log's end, on a broker that does not hold fetches (default `TIERFLOW_KAFKA_REST_MAX_MS`; backfill lanes wait
     longer)."""
@@ -125,6 +128,14 @@ def consumer_config(settings: Settings, group: str, **overrides: Any) -> dict[st
     })
     conf.update(overrides)
     return conf
+
+
+class Bell(Protocol):
+    """What wakes a resting consumer before its next look (pipeline/adapters/doorbell.py)."""
+
+    event: threading.Event
+
+    def close(self) -> None: ...
 
 
 LOOK_S = 0.005  # how long a resting consumer's periodic look waits for a fetch (noida answers in well under 1 ms)
@@ -165,6 +176,18 @@ class OrderedConsumer(Consumer):
         self._paused: list[TopicPartition] = []
         self._starts: dict[tuple[str, int], int | None] = {}  # per paused partition, the next offset to deliver
         self._learn_after = 0.0  # when the cluster id may be asked for again after a failure
+        self._bell_factory: Callable[[], Bell] | None = None
+        self._bell: Bell | None = None
+
+    def listen(self, bell: Callable[[], Bell]) -> None:
+        """Wake at once when `bell()`'s event is set, rather than at the next look (made on the first rest)."""
+        self._bell_factory = bell
+
+    def close(self) -> None:
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
+        super().close()
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         if self._paced():
@@ -256,7 +279,12 @@ class OrderedConsumer(Consumer):
                 return []
             if p.resting:
                 wait = p.wait_s(now)
-                time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - now)))
+                wait = wait if deadline is None else max(0.0, min(wait, deadline - now))
+                if self._bell is None:
+                    time.sleep(wait)
+                elif self._bell.event.wait(wait):
+                    self._bell.event.clear()
+                    self._wake()
 
     def _rest(self, now: float) -> None:
         """Pause every assigned partition, noting where each will be read next."""
@@ -279,6 +307,10 @@ class OrderedConsumer(Consumer):
             return
         self._paused, self._starts = parts, starts
         self.pacer.rest(now)
+        if self._bell is None and self._bell_factory is not None:
+            self._bell = self._bell_factory()
+        if self._bell is not None:
+            self._bell.event.clear()  # a ring while hot was for records already read
 
     def _behind(self) -> bool:
         """Whether the log's end is past this consumer's position on any partition (or the assignment changed)."""

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.dlq import DeadLetters, headers_dict
+from pipeline.adapters.doorbell import Bell, ring
 from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
 from pipeline.adapters.kafka import (
     CRASH_MARK,
@@ -138,6 +139,7 @@ class Ingest:
                                      startup_s=settings.heartbeat.startup_s,
                                      announce_s=settings.heartbeat.announce_s) if health_checks else None
         self.consumer = make_member(settings, settings.group("ingest"))
+        self.consumer.listen(lambda: Bell(settings, [self.topics.requests]))  # `tierflow send` rings it
         self.dlq = DeadLetters(settings, "ingest")
         # Backfill has its own topic, group, producer and batches, taken only while no live record waits.
         self.backfill = BackfillLane(settings, settings.group("ingest-replay"), self.topics.replay, "ingest",
@@ -253,6 +255,8 @@ class Ingest:
         good = self._route_live(msgs, th, health, now_ms, routed)
         if not self.committer.finish(good):
             return len(msgs)
+        # The records are in the tier topics: wake their resting workers now rather than at their next look.
+        ring(self.r, self.s.redis.prefix, {self._tier_topics[r.tier] for r in routed})
         # Metrics per batch, not per message: a labelled inc() costs as much as routing a message.
         metrics.REQUESTS_IN.labels("live").inc(len(good))
         _count_routes(routed)

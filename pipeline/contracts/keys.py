@@ -12,6 +12,7 @@ All live under the settings' `redis_prefix` (default `tierflow:`), so two stacks
 - `models:light:v:<version>`, `models:light:versions`      a version's weights and manifest; every version kept
 - `models:light:history`                                  every promotion, rejection and rollback, oldest first
 - `learn:state`                                           the trainer agent's snapshot (`tierflow models list`)
+- `wake:<topic>`                                          pub/sub: records were written to <topic> (a doorbell)
 """
 
 from __future__ import annotations
@@ -89,3 +90,7 @@ class Keys:
     @property
     def learn_state(self) -> str:
         return f"{self.prefix}learn:state"
+
+    def wake(self, topic: str) -> str:
+        """The doorbell of `topic`: its writers publish here, its resting consumers wake (adapters/doorbell.py)."""
+        return f"{self.prefix}wake:{topic}"

@@ -201,7 +201,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    from pipeline.adapters.doorbell import ring
     from pipeline.adapters.kafka import DeliveryTracker, check_reachable, make_producer, topics_of
+    from pipeline.adapters.redis_client import make_redis
     from pipeline.contracts.models import dumps
 
     s = settings_of(args)
@@ -238,6 +240,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         if left or delivery.failed:
             why = "; ".join(delivery.errors) or f"no acknowledgement within {args.ack_timeout:.0f}s"
             raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.kafka.servers}: {why}")
+        ring(make_redis(s, command=True), s.redis.prefix, [topics_of(s).requests])  # wakes a resting ingest
         print(f"sent {req['id']}", flush=True)
         if reader is None:
             return 0
