@@ -319,6 +319,10 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path(".tierflow"), description="runtime files of the embedded stack")
     embedded: EmbeddedSection = Field(default_factory=EmbeddedSection)
     topic: TopicSection = Field(default_factory=TopicSection)
+    cpus: int | None = Field(None, ge=1, description="the core budget every model runtime of a stack shares "
+                             "(pipeline/core/budget.py); unset: the cores this process may run on")
+    threads: int | None = Field(None, ge=1, description="this process's share of the budget (set per agent by "
+                                "`tierflow up`); unset: all of TIERFLOW_CPUS")
     partitions: int = Field(4, ge=1, description="partitions of every pipeline topic")
     replication_factor: int = Field(1, ge=1)
     max_message_bytes: int = Field(8 * 1024 * 1024, description="largest record (images ride inline)")

@@ -147,6 +147,9 @@ def _run_worker(s: Settings, tier: Any, device: str | None) -> int:
     worker_id = worker_id_of(tier)
     beat = announce(s, tier, worker_id)  # before the imports and weights that take seconds
     try:
+        from workers import threads
+
+        threads.apply(s.threads or s.cpus or threads.available_cpus())  # before any runtime loads
         from workers.devices import tier_device
         from workers.models.registry import tier_model
 

@@ -304,6 +304,22 @@ def agents_of(settings: Settings) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return (*AGENTS, TRAINER) if settings.learn.enabled else AGENTS
 
 
+def thread_budget(settings: Settings) -> tuple[int, dict[str, int]]:
+    """(the stack's cores, threads per agent): `TIERFLOW_CPUS` (default: the cores this process may use) shared by
+    the model agents (pipeline/core/budget.py); each agent gets its share as `TIERFLOW_THREADS`."""
+    from pipeline.core.budget import split_cores
+    from workers.threads import available_cpus
+
+    cpus = settings.cpus or available_cpus()
+    return cpus, split_cores(cpus, [name for name, _ in agents_of(settings)])
+
+
+def agent_env(settings: Settings, name: str, metrics_port: int | None) -> dict[str, str | None]:
+    """What `tierflow up` adds to an agent's environment: its /metrics port and its threads."""
+    return {"TIERFLOW_METRICS_PORT": str(metrics_port) if metrics_port else None,
+            "TIERFLOW_THREADS": str(thread_budget(settings)[1].get(name, 1))}
+
+
 def wait_agents_ready(stack: Stack, stopping: threading.Event | None = None, timeout_s: float = 600.0,
                       poll_s: float = 0.1) -> dict[str, float] | None:
     """Until every agent of the stack says it is ready (heartbeats: models loaded, partitions assigned).
@@ -359,8 +375,7 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
         if agents:
             for name, args in agents_of(settings):
                 if only is None or name in only:
-                    port = (metrics_ports or {}).get(name)
-                    stack.start_agent(name, *args, env={"TIERFLOW_METRICS_PORT": str(port) if port else None})
+                    stack.start_agent(name, *args, env=agent_env(settings, name, (metrics_ports or {}).get(name)))
         if on_ready is not None:
             on_ready(stack)
         yield stack

@@ -15,7 +15,7 @@ from pipeline.settings import DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT, Settings
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from pipeline.ops.devstack import agents_of, running_stack, wait_agents_ready
+    from pipeline.ops.devstack import agent_env, agents_of, running_stack, wait_agents_ready
 
     s = settings_of(args)
     if args.data is not None:
@@ -57,7 +57,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"tierflow up: {p.name} exited ({p.popen.returncode}): {last_error_line(tail)}; restarting"
                       + poison, file=sys.stderr)
                 stack.procs.remove(p)
-                stack.start_agent(p.name, *agents[p.name], env=_metrics_env(ports, p.name))
+                stack.start_agent(p.name, *agents[p.name], env=agent_env(s, p.name, ports.get(p.name)))
                 restarts[p.name] = [*recent, time.monotonic()]
         print("tierflow up: stopping ...", file=sys.stderr)
     if failure:
@@ -72,10 +72,6 @@ def agent_metrics_ports(base: int | None, s: Settings) -> dict[str, int]:
     from pipeline.ops.devstack import agents_of
 
     return {} if base is None else {name: base + i for i, (name, _) in enumerate(agents_of(s))}
-
-
-def _metrics_env(ports: dict[str, int], name: str) -> dict[str, str | None]:
-    return {"TIERFLOW_METRICS_PORT": str(ports[name]) if name in ports else None}
 
 
 def _dead_agent(stack: Any) -> str:
@@ -146,6 +142,12 @@ def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dic
         lines.append(f"  kafka   {s.kafka.servers}")
     lines.append(f"  redis   {scrub(s.redis.address)}" + ("  (embedded valkey)" if s.redis.embedded else ""))
     lines.append("  agents  " + ", ".join(f"{n} {t:.1f}s" for n, t in took.items()) + " to ready")
+    from pipeline.ops.devstack import thread_budget
+
+    cpus, budget = thread_budget(s)
+    lines.append(f"  cores   {cpus} (TIERFLOW_CPUS) shared by the models: "
+                 + ", ".join(f"{n} {t}" for n, t in budget.items() if n.startswith("worker") or n == "trainer")
+                 + " threads")
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
     lines += [f"  logs    {log_dir}/", f"  topics  {s.topic.prefix}*"]

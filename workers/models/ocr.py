@@ -77,8 +77,10 @@ class RapidOcrEngine:
     """PP-OCRv4 (Chinese + English) through `rapidocr-onnxruntime`, on CPU."""
 
     def __init__(self, min_score: float = MIN_LINE_SCORE, threads: int | None = None) -> None:
+        from workers.threads import threads as budget
+
         self.min_score = min_score
-        self.threads = threads
+        self.threads = threads or budget()  # this process's share of the core budget (None: all cores)
         self._ocr: Any = None
 
     def setup(self) -> None:

@@ -14,6 +14,7 @@ from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from workers.model import BuildModel, ByScript, InferenceModel
 from workers.models.prompts import Generator
+from workers.threads import threads
 
 # name -> "module:Class"; each class has `from_settings(settings, tier, build) -> InferenceModel`, where `build` is
 # this module's own `build`: a composite (ocr, http) builds its inner classifier with it, by name.
@@ -81,7 +82,7 @@ def generator_from_settings(settings: Settings) -> Generator:
 
         path = qwen_gguf() if choice == "qwen" else choice
         return LlamaCppGenerator(path, g.max_new_tokens, name="qwen2.5-1.5b" if choice == "qwen" else None,
-                                 threads=g.threads, timeout_s=g.timeout_s)
+                                 threads=g.threads or threads(), timeout_s=g.timeout_s)
     from workers.models.generator import CausalLMGenerator, smollm2_gguf
 
     if choice == "smollm2":
