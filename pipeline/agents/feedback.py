@@ -350,34 +350,24 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
-IDLE_PAUSE_MAX_S = 0.005  # the longest pause after empty fetches: growing to 200 ms (tried) made the agent slower to
-# become ready and raced tests/faults/test_crashes.py; kept fixed until that is understood
-
-
 def _pace_fetches(consumer: Any, pause_s: float) -> None:
-    """Sleep after a fetch that brought nothing, `pause_s` and twice as long after each empty one since, up to
-    IDLE_PAUSE_MAX_S: a broker that answers fetches at once instead of holding them (the embedded noida)
-    otherwise gets one fetch after another (an idle feedback agent took 90% of a core; 17% with a fixed 5 ms;
-    growing, what is left is faust's own timers). aiokafka builds its fetcher in start() and looks the fetch
-    method up on each request."""
+    """Sleep after a fetch that brought nothing: a broker that answers fetches at once instead of holding them (the
+    embedded noida) otherwise gets one fetch after another (an idle feedback agent took 90% of a core; 17% with
+    5 ms). aiokafka builds its fetcher in start() and looks the fetch method up on each request."""
     start = consumer.start
 
     async def paced_start() -> None:
         await start()
         fetcher = consumer._fetcher
         proc = fetcher._proc_fetch_request
-        idle = [pause_s]
 
         async def paced(assignment: Any, node_id: Any, request: Any) -> bool:
             got = bool(await proc(assignment, node_id, request))
-            if got:
-                idle[0] = pause_s
-            else:
+            if not got:
                 # Closing cancels this task, then awaits it: a CancelledError out of the pause would crash the
                 # consumer thread's shutdown and the agent would hang until killed.
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.sleep(idle[0])
-                idle[0] = min(idle[0] * 2.0, max(pause_s, IDLE_PAUSE_MAX_S))
+                    await asyncio.sleep(pause_s)
             return got
 
         fetcher._proc_fetch_request = paced
