@@ -61,7 +61,7 @@ class KafkaSection(Section):
         "auto", description="consumers pause while idle and probe the log's end instead of fetching in a loop; "
                             "auto: on a broker that answers empty fetches at once (noida)")
     rest_after_ms: float = Field(500.0, gt=0, description="a paced consumer rests after this long without records")
-    rest_max_ms: float = Field(50.0, gt=0, description="the longest a resting consumer waits between looks at the "
+    rest_max_ms: float = Field(100.0, gt=0, description="the longest a resting consumer waits between looks at the "
                                                        "log's end: what a lone record may wait per hop")
 
     @property

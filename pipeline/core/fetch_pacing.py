@@ -24,7 +24,7 @@ class FetchPacer:
 
     rest_after_s: float = 0.5
     first_s: float = 0.002
-    max_s: float = 0.05
+    max_s: float = 0.1
     recheck_s: float = 2.0
 
     def __post_init__(self) -> None:
