@@ -158,9 +158,10 @@ class OrderedConsumer(Consumer):
     consumer left it: duplicates, which answer consumers drop, never a skip.
 
     Pacing (pipeline/core/fetch_pacing.py): on a broker that answers an empty fetch at once (`pacing` None: known
-    by its cluster id, noida), librdkafka's fetcher loops without pause; idle, that was a third of a core per
-    agent. After `pacer.rest_after_s` without records this consumer pauses its partitions and, at each call,
-    asks for the log's end (ListOffsets) at growing intervals, resuming once records are past its position.
+    by its cluster id, noida), librdkafka's fetcher loops without pause whenever it has caught up: idle, that was a
+    third of a core per agent, and under load as much. After `pacer.rest_after_s` without records this consumer
+    pauses its partitions and, at each call, asks for the log's end (ListOffsets) at short intervals while records
+    are recent and growing ones after, resuming once records are past its position.
     librdkafka's fetcher sleeps up to a second while every partition is paused and does not notice a resume by
     itself (why an earlier try of pausing stalled partitions for seconds): a request to the leader after the
     resume wakes it. Pausing keeps the position, so a record is late by at most a probe interval, never lost.
@@ -179,9 +180,13 @@ class OrderedConsumer(Consumer):
         self._bell_factory: Callable[[], Bell] | None = None
         self._bell: Bell | None = None
 
-    def listen(self, bell: Callable[[], Bell]) -> None:
-        """Wake at once when `bell()`'s event is set, rather than at the next look (made on the first rest)."""
+    def listen(self, bell: Callable[[], Bell], every_writer_rings: bool = False) -> None:
+        """Wake at once when `bell()`'s event is set, rather than at the next look (made on the first rest).
+
+        `every_writer_rings`: only tierflow's own agents write these topics, so the looks can be sparse (a safety
+        net); not so for a topic other clients write too (the requests topic)."""
         self._bell_factory = bell
+        self.pacer.rung = every_writer_rings
 
     def close(self) -> None:
         if self._bell is not None:
@@ -263,6 +268,11 @@ class OrderedConsumer(Consumer):
                     p.got(now)
                     return msgs
                 if p.should_rest(now):
+                    # What the fetcher already queued would be dropped by the pause (and found only by the next
+                    # look, for a partition with no position yet): take it first.
+                    if msgs := super().consume(num, 0):
+                        p.got(time.monotonic())
+                        return msgs
                     self._rest(now)
             elif p.probe_due(now):
                 msgs = super().consume(num, 0)  # serves rebalance callbacks; records of a partition not paused

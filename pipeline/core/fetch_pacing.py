@@ -1,13 +1,16 @@
 """When a consumer may fetch, on a broker that answers an empty fetch at once. Pure: times are passed in.
 
-Kafka holds an empty fetch up to `fetch.wait.max.ms` and answers the moment a record arrives, so an idle
-librdkafka consumer costs nothing. A broker that answers at once (the embedded noida) turns each consumer's
-fetcher into a busy loop: measured, an idle `tierflow up` kept both cores of a 2-core machine busy. So the
-consumer paces itself: while records flow it fetches freely (`hot`); after `rest_after_s` without any it pauses
-its partitions (no fetches at all) and asks the broker for the log's end instead, one cheap request at
-intervals doubling from `first_s` up to `max_s`; records past its position wake it. Every `recheck_s` it wakes
-regardless, whatever the ends said (a safety net: a record is late by at most that, never lost, since pausing
-and resuming keep the position).
+Kafka holds an empty fetch up to `fetch.wait.max.ms` and answers the moment a record arrives, so a waiting
+librdkafka consumer costs nothing. A broker that answers at once (the embedded noida) turns each consumer's fetcher
+into a busy loop whenever it has caught up, idle or between records under load: measured, one such consumer and the
+broker's side of it took a whole core, an idle `tierflow up` both cores of a 2-core machine, and at a steady 50
+msg/s the spinning fetchers, not the models, used most of the CPU. So the consumer paces itself: after records it
+fetches freely (`hot`) until `rest_after_s` passes without any, then pauses its partitions (no fetches at all) and
+asks the broker for the log's end instead, one cheap request (a ListOffsets costs ~0.16 ms of CPU, both sides) every
+`first_s` while records came within `warm_s` (`rung_s` where doorbells wake it, the probe only a safety net), then
+at intervals doubling up to `max_s`; records past its position wake it. Every `recheck_s` it looks regardless,
+whatever the ends said (a safety net: a record is late by at most that, never lost, since pausing and resuming keep
+the position).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ TP = tuple[str, int]
 class FetchPacer:
     """The hot/resting state of one consumer and when its next probe of the log's end is due."""
 
-    rest_after_s: float = 0.5
-    first_s: float = 0.002
+    rest_after_s: float = 0.002
+    first_s: float = 0.004
+    rung_s: float = 0.02  # the warm interval when every writer rings (doorbells): probes are only a safety net
+    warm_s: float = 0.5
     max_s: float = 0.1
     recheck_s: float = 2.0
 
@@ -33,6 +38,7 @@ class FetchPacer:
         self._interval = self.first_s
         self._next_probe = 0.0
         self._recheck_at = 0.0
+        self.rung = False  # every writer of this consumer's topics rings a doorbell that wakes it
 
     def got(self, now: float) -> None:
         """Records arrived (or something else says the consumer should be awake): stay hot from `now`."""
@@ -63,8 +69,13 @@ class FetchPacer:
         self._recheck_at = now + self.recheck_s
 
     def probed(self, now: float) -> None:
-        """A probe found nothing new: the next one waits twice as long, up to `max_s`."""
-        self._interval = min(self._interval * 2.0, self.max_s)
+        """A probe found nothing new: the next one comes after `first_s` while records came within `warm_s` (under
+        load, the next is due soon), else after twice the last interval, up to `max_s`."""
+        warm = now - self._last_data < self.warm_s
+        if warm:
+            self._interval = max(self.first_s, self.rung_s) if self.rung else self.first_s
+        else:
+            self._interval = min(self._interval * 2.0, self.max_s)
         self._next_probe = now + self._interval
 
     def wait_s(self, now: float) -> float:
