@@ -4,39 +4,47 @@ falls back to its TIERFLOW_* variable. The commands themselves are in `pipeline/
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
-from pipeline.ops import commands, models, up
 from pipeline.ops.commands import BENCHES, interrupted, settings_of, setup_logging
 
 Command = Callable[[argparse.Namespace], int]
 
-# subcommand -> the function that runs it (its exit code is the process's)
-COMMANDS: dict[str, Command] = {
-    "up": up.cmd_up,
-    "demo": commands.cmd_demo,
-    "topics": commands.cmd_topics,
-    "ingest": commands.cmd_ingest,
-    "worker": commands.cmd_worker,
-    "feedback": commands.cmd_feedback,
-    "send": commands.cmd_send,
-    "answers": commands.cmd_answers,
-    "handovers": commands.cmd_handovers,
-    "thresholds": commands.cmd_thresholds,
-    "vip": commands.cmd_vip,
-    "route": commands.cmd_route,
-    "fault": commands.cmd_fault,
-    "replay": commands.cmd_replay,
-    "bench": commands.cmd_bench,
-    "status": commands.cmd_status,
-    "report": commands.cmd_report,
-    "train": commands.cmd_train,
-    "learn": models.cmd_learn,
-    "models": models.cmd_models,
+# subcommand -> "module:function" that runs it (its exit code is the process's). A command's module is imported
+# only when it runs: `tierflow send` does not load what `tierflow up` needs.
+COMMANDS: dict[str, str] = {
+    "up": "pipeline.ops.up:cmd_up",
+    "demo": "pipeline.ops.commands:cmd_demo",
+    "topics": "pipeline.ops.commands:cmd_topics",
+    "ingest": "pipeline.ops.commands:cmd_ingest",
+    "worker": "pipeline.ops.commands:cmd_worker",
+    "feedback": "pipeline.ops.commands:cmd_feedback",
+    "send": "pipeline.ops.commands:cmd_send",
+    "answers": "pipeline.ops.commands:cmd_answers",
+    "handovers": "pipeline.ops.commands:cmd_handovers",
+    "thresholds": "pipeline.ops.commands:cmd_thresholds",
+    "vip": "pipeline.ops.commands:cmd_vip",
+    "route": "pipeline.ops.commands:cmd_route",
+    "fault": "pipeline.ops.commands:cmd_fault",
+    "replay": "pipeline.ops.commands:cmd_replay",
+    "bench": "pipeline.ops.commands:cmd_bench",
+    "status": "pipeline.ops.commands:cmd_status",
+    "report": "pipeline.ops.commands:cmd_report",
+    "train": "pipeline.ops.commands:cmd_train",
+    "learn": "pipeline.ops.models:cmd_learn",
+    "models": "pipeline.ops.models:cmd_models",
 }
+
+
+def command(name: str) -> Command:
+    """The function that runs subcommand `name`, its module imported now."""
+    module, _, function = COMMANDS[name].partition(":")
+    run: Command = getattr(importlib.import_module(module), function)
+    return run
 
 
 def _env_help(text: str, env: str) -> str:
@@ -216,10 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # before the settings are imported: `--help` and a wrong flag answer at once
     from pipeline.settings import unknown_env
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
     for warning in unknown_env():
         print(f"tierflow: warning: {warning}", file=sys.stderr)
     json_logs = False
@@ -227,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_of(args)  # a wrong TIERFLOW_* variable raises ConfigError here, one line each
         setup_logging(settings)
         json_logs = settings.log_json
-        code: int = COMMANDS[args.command](args)
+        code: int = command(args.command)(args)
         # Stopped by Ctrl-C: the shell's convention (128 + SIGINT), also when the command wound down cleanly
         return 130 if code == 0 and interrupted() else code
     except (ServiceUnavailable, ConfigError, InvalidThresholds) as e:

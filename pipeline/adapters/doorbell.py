@@ -5,26 +5,35 @@ up to `TIERFLOW_KAFKA_REST_MAX_MS` (pipeline/core/fetch_pacing.py): a lone recor
 hop. tierflow's own writers ring: `tierflow send` rings the requests topic, ingest the tier topics it routed to, a
 light worker the heavy topic it escalated to. A ring is a hint: lost (Redis down, a consumer subscribing late),
 the record is found at the next look, as for any other writer's records.
+
+redis-py is imported only where a client is used: a one-shot command rings with `ring_once`, which speaks the
+two commands it needs itself rather than load redis-py (and the asyncio client redis-py imports with it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
 
-import redis
-
-from pipeline.adapters.redis_client import make_redis
+from pipeline.adapters.redis_client import COMMAND_TIMEOUTS_S, make_redis
 from pipeline.contracts.keys import Keys
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
 
 def ring(r: redis.Redis, prefix: str, topics: Iterable[str]) -> None:
     """Say that records were written to `topics` (one round trip for all); never raises."""
+    import redis
+
     keys = Keys(prefix)
     try:
         pipe = r.pipeline(transaction=False)
@@ -33,6 +42,52 @@ def ring(r: redis.Redis, prefix: str, topics: Iterable[str]) -> None:
         pipe.execute()
     except (redis.RedisError, OSError) as e:
         log.debug("doorbell: %s", e)
+
+
+def ring_once(settings: Settings, topics: Iterable[str]) -> None:
+    """`ring` for a process that rings once and exits (`tierflow send`): the PUBLISHes go over a plain socket, so
+    the command does not import redis-py (~0.1 s, most of what the ring would cost it). A URL this does not speak
+    (TLS, a Unix socket, a user name, options in the query) is rung through redis-py. Never raises."""
+    topics = list(topics)
+    try:
+        u = urlsplit(settings.redis.address)
+        host, port = u.hostname, u.port or 6379
+    except ValueError:  # a port that is no number: redis-py says what is wrong with the URL
+        host = None
+    if host is None or u.scheme != "redis" or u.query or u.username:
+        ring(make_redis(settings, command=True), settings.redis.prefix, topics)
+        return
+    # What redis-py sends for such a URL: AUTH with the password if there is one, then the PUBLISHes (pub/sub is
+    # the same in every database: the URL's database needs no SELECT).
+    commands = [[b"AUTH", unquote(u.password).encode()]] if u.password else []
+    keys = Keys(settings.redis.prefix)
+    commands += [[b"PUBLISH", keys.wake(t).encode(), b""] for t in topics]
+    reply_s, connect_s = COMMAND_TIMEOUTS_S
+    try:
+        with socket.create_connection((host, port), timeout=connect_s) as sock:
+            sock.settimeout(reply_s)
+            sock.sendall(b"".join(resp_command(c) for c in commands))
+            errors = [line for line in _reply_lines(sock, len(commands)) if line.startswith(b"-")]
+        if errors:  # e.g. a wrong password: the consumers find the records at their next look
+            log.debug("doorbell: %s", errors[0][1:].decode(errors="replace"))
+    except OSError as e:
+        log.debug("doorbell: %s", e)
+
+
+def resp_command(args: list[bytes]) -> bytes:
+    """One command in the Redis protocol (RESP): an array of bulk strings."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def _reply_lines(sock: socket.socket, n: int) -> list[bytes]:
+    """The first `n` replies, each one line (`:1`, `+OK`, `-ERR ...`: what AUTH and PUBLISH answer)."""
+    buf = b""
+    while buf.count(b"\r\n") < n:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("Redis closed the connection")
+        buf += chunk
+    return buf.split(b"\r\n")[:n]
 
 
 class Bell:
@@ -47,6 +102,8 @@ class Bell:
         self._thread.start()
 
     def _run(self) -> None:
+        import redis
+
         while not self._stopping.is_set():
             pubsub = None
             try:

@@ -7,9 +7,12 @@ operator's command may wait longer for an answer worth having.
 
 from __future__ import annotations
 
-import redis
+from typing import TYPE_CHECKING
 
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:  # imported when a client is made: redis-py loads its asyncio client too (~0.1 s of a command)
+    import redis
 
 AGENT_TIMEOUTS_S = (2.0, 2.0)  # (reply, connect)
 COMMAND_TIMEOUTS_S = (5.0, 3.0)
@@ -17,5 +20,7 @@ COMMAND_TIMEOUTS_S = (5.0, 3.0)
 
 def make_redis(settings: Settings, *, command: bool = False) -> redis.Redis:
     """A client for `settings.redis.address`; `command`: an operator's command rather than a long-running agent."""
+    import redis
+
     reply, connect = COMMAND_TIMEOUTS_S if command else AGENT_TIMEOUTS_S
     return redis.Redis.from_url(settings.redis.address, socket_timeout=reply, socket_connect_timeout=connect)

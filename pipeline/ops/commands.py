@@ -23,17 +23,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.adapters.redis_client import make_redis
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable
-from pipeline.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # the commands import what they use: `tierflow --help` stays fast
     from pipeline.contracts.records import Answer, Handover
+    from pipeline.settings import Settings
 
 
 # --------------------------------------------------------------------------- helpers
 def settings_of(args: argparse.Namespace) -> Settings:
     """Settings from the environment, with CLI overrides applied."""
+    from pipeline.settings import get_settings
+
     s = get_settings()
     updates: dict[str, Any] = {}
     for field in ("kafka_port", "redis_port", "metrics_port"):
@@ -63,6 +64,7 @@ def setup_logging(settings: Settings) -> None:
 
 def _redis(settings: Settings) -> Any:
     from pipeline.adapters.kafka import check_reachable
+    from pipeline.adapters.redis_client import make_redis
 
     check_reachable(settings.redis.address, "Redis")
     return make_redis(settings, command=True)
@@ -204,10 +206,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from pipeline.adapters.doorbell import ring
+    import orjson  # what contracts.models.dumps writes a plain dict with, without loading the models
+
+    from pipeline.adapters.doorbell import ring_once
     from pipeline.adapters.kafka import DeliveryTracker, check_reachable, make_producer, topics_of
-    from pipeline.adapters.redis_client import make_redis
-    from pipeline.contracts.models import dumps
 
     s = settings_of(args)
     check_reachable(s.kafka.servers, "Kafka")
@@ -238,12 +240,13 @@ def cmd_send(args: argparse.Namespace) -> int:
         delivery = DeliveryTracker()
         ack_conf: dict[str, Any] = {"message.timeout.ms": int(args.ack_timeout * 1000)}
         producer = make_producer(s, **ack_conf)
-        producer.produce(topics_of(s).requests, dumps(req), key=req.get("user_id") or req["id"], on_delivery=delivery)
+        producer.produce(topics_of(s).requests, orjson.dumps(req), key=req.get("user_id") or req["id"],
+                         on_delivery=delivery)
         left = producer.flush(args.ack_timeout + 1)
         if left or delivery.failed:
             why = "; ".join(delivery.errors) or f"no acknowledgement within {args.ack_timeout:.0f}s"
             raise ServiceUnavailable(f"{req['id']} was not acknowledged by the broker at {s.kafka.servers}: {why}")
-        ring(make_redis(s, command=True), s.redis.prefix, [topics_of(s).requests])  # wakes a resting ingest
+        ring_once(s, [topics_of(s).requests])  # wakes a resting ingest
         print(f"sent {req['id']}", flush=True)
         if reader is None:
             return 0

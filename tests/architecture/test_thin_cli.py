@@ -33,9 +33,25 @@ def test_nothing_imports_the_cli() -> None:
     assert not importers, importers
 
 
+def test_every_command_resolves_to_a_function() -> None:
+    from pipeline.cli import COMMANDS, command
+
+    assert all(callable(command(name)) for name in COMMANDS)
+
+
 def test_importing_the_cli_loads_no_heavy_module() -> None:
-    # `tierflow send` imports the cli first: the commands import their heavy modules inside themselves
-    heavy = {"torch", "numpy", "transformers", "faust", "confluent_kafka", "matplotlib", "rich"}
+    # `tierflow send` imports the cli first: the commands import their heavy modules inside themselves, and the
+    # settings (pydantic) are imported after the arguments are parsed, so `--help` answers at once
+    heavy = {"torch", "numpy", "transformers", "faust", "confluent_kafka", "matplotlib", "rich", "pydantic", "redis"}
     code = f"import sys, pipeline.cli; print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy!r}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_send_and_answers_load_no_redis_client() -> None:
+    # `tierflow send` rings its doorbell without redis-py and `tierflow answers` needs no Redis: redis-py's import
+    # (it loads its asyncio client too) would be a fifth of either command's time
+    code = ("import sys, pipeline.cli, pipeline.ops.commands, pipeline.adapters.doorbell, pipeline.adapters.tails, "
+            "orjson; print('redis' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout
