@@ -176,6 +176,9 @@ class LightTier(TierSection):
     max_wait_ms: float = 5.0
     model: str = "charngram"
     device: str = "cpu"
+    zh_model: str = Field("charngram_zh", description="the light tier's model for Chinese text: charngram_zh (the "
+                          "pack's Chinese char n-grams, as cheap as the English model; artefacts without one use "
+                          "zh_model); empty: zh_model, as in the other tiers")
 
 
 class HeavyTier(TierSection):

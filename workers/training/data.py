@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workers.training.config import TrainConfig
 
 IntArray = npt.NDArray[np.int64]
 
@@ -56,8 +61,6 @@ def read_csv(path: Path, flag: str = "--data") -> Dataset:
 def read_texts(path: Path) -> list[str]:
     """The texts of a `text,...` CSV or a JSONL of `{"text": ...}` objects (any category ignored)."""
     if path.suffix == ".jsonl":
-        import json
-
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return [str(r["text"]).strip() for r in rows if str(r.get("text", "")).strip()]
     with path.open(newline="", encoding="utf-8") as f:
@@ -103,6 +106,18 @@ def stratified_split(labels: Sequence[str], fraction: float, seed: int) -> tuple
     return np.array(sorted(kept), dtype=np.int64), np.array(sorted(held), dtype=np.int64)
 
 
+def stratified_folds(y: IntArray, k: int, seed: int) -> IntArray:
+    """A fold in 0..k-1 per example, each class dealt round the folds in a seeded random order (a class with
+    fewer than `k` examples is in fewer folds)."""
+    rng = np.random.RandomState(seed)
+    folds = np.zeros(len(y), dtype=np.int64)
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        rng.shuffle(idx)
+        folds[idx] = np.arange(len(idx)) % k
+    return folds
+
+
 def label_ids(labels: Sequence[str], index: dict[str, int]) -> IntArray:
     return np.array([index.get(lab, -1) for lab in labels], dtype=np.int64)
 
@@ -116,3 +131,38 @@ class Split:
     y_fit: IntArray
     y_val: IntArray
     y_train: IntArray
+
+
+def multilingual_examples(labels: Sequence[str], cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    """(translated examples, answer templates) for the labels we train: non-English anchors for e5, and the Chinese
+    light model's training lines.
+
+    The translations (the domain pack's `multilingual` file) are customer-style; the answers (en + zh, from the
+    pack's answer book) are the replies, in-domain but not questions, so they only ever join the fitting data,
+    never the validation data.
+    """
+    known = set(labels)
+    translated = Dataset([], [])
+    if cfg.multilingual_data is not None and cfg.multilingual_data.is_file():
+        for line in cfg.multilingual_data.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if row["category"] in known:
+                    translated.texts.append(row["text"])
+                    translated.labels.append(row["category"])
+    for path, label in cfg.relabelled:
+        if path.suffix == ".jsonl" and label in known:
+            texts = read_texts(path)
+            translated.texts.extend(texts)
+            translated.labels.extend([label] * len(texts))
+    answers = Dataset([], [])
+    if cfg.answer_examples and cfg.answers_file is not None:
+        from workers.domains import AnswerBook
+
+        book = AnswerBook.read(cfg.answers_file)
+        for label in labels:
+            if label in book.known():
+                for lang in ("en", "zh"):
+                    answers.texts.append(book.answer(label, lang))
+                    answers.labels.append(label)
+    return translated, answers

@@ -2,54 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from workers.models.common import FloatArray
 from workers.training.config import TrainConfig
-from workers.training.data import Dataset, IntArray, Split, label_ids, read_texts, stratified_split
+from workers.training.data import Dataset, IntArray, Split, label_ids, multilingual_examples, stratified_split
 from workers.training.fitting import accuracy, fit_softmax_regression, fit_temperature
 
 log = logging.getLogger("tierflow.train")  # one logger for the whole run, as before the split
-
-
-def multilingual_examples(labels: Sequence[str], cfg: TrainConfig) -> tuple[Dataset, Dataset]:
-    """(translated examples, answer templates) for the labels we train: non-English anchors for e5.
-
-    The translations (the domain pack's `multilingual` file) are customer-style; the answers (en + zh, from the
-    pack's answer book) are the replies, in-domain but not questions, so they only ever join the fitting data,
-    never the validation data.
-    """
-    known = set(labels)
-    translated = Dataset([], [])
-    if cfg.multilingual_data is not None and cfg.multilingual_data.is_file():
-        for line in cfg.multilingual_data.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if row["category"] in known:
-                    translated.texts.append(row["text"])
-                    translated.labels.append(row["category"])
-    for path, label in cfg.relabelled:
-        if path.suffix == ".jsonl" and label in known:
-            texts = read_texts(path)
-            translated.texts.extend(texts)
-            translated.labels.extend([label] * len(texts))
-    answers = Dataset([], [])
-    if cfg.answer_examples and cfg.answers_file is not None:
-        from workers.domains import AnswerBook
-
-        book = AnswerBook.read(cfg.answers_file)
-        for label in labels:
-            if label in book.known():
-                for lang in ("en", "zh"):
-                    answers.texts.append(book.answer(label, lang))
-                    answers.labels.append(label)
-    return translated, answers
 
 
 def train_e5(split: Split, cfg: TrainConfig, ctx: dict[str, Any]) -> Any:

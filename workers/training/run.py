@@ -2,11 +2,18 @@
 
 Each run writes one versioned artefact directory (weights + manifest.json with the data hash, label
 list and test accuracies) under `out_dir` and points `out_dir/LATEST` at it. Training is seeded
-and single-threaded where order matters, so the same data gives the same weights.
+and single-threaded where order matters, so the same data gives the same weights. A run of some of
+the models (`--models`) carries the others over from the version `out_dir` serves when that one was
+trained on the same data (`carry_over`): `--models charngram_zh` adds a Chinese light model and
+leaves the other models as they were.
 
 Recipe, per model (all share one stratified validation split of the training data):
 - charngram: n-gram TF-IDF -> multinomial logistic regression (L-BFGS); L2 strength picked on the
   validation split.
+- charngram_zh: the same over Chinese character uni- and bigrams, on the pack's Chinese lines (its
+  multilingual JSONL, Chinese out-of-scope and small-talk lines; the answer book's Chinese texts join
+  the fit), classes balanced; L2 strength and temperature from a k-fold cross-validation. Packs have
+  no Chinese test set, so its reported accuracy is the cross-validated one.
 - minilm: the top transformer layer of MiniLM and a linear head fine-tuned together with label
   smoothing; the five lower layers are frozen, so their outputs are computed once and cached. Its
   log-probabilities are fused with charngram's, with a weight picked on the validation split.
@@ -27,16 +34,16 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
 from workers.domains import Domain, load_domain
-from workers.models.charngram import CharNgramClassifier
-from workers.models.common import LATEST, MANIFEST
-from workers.training.charngram import train_charngram
+from workers.models.charngram import CharNgramClassifier, ChineseCharNgramClassifier
+from workers.models.common import LATEST, MANIFEST, ArtifactError, ArtifactVersion, resolve_artifacts
+from workers.training.charngram import train_charngram, train_charngram_zh
 from workers.training.config import MODELS, TrainConfig
 from workers.training.data import (
     Dataset,
@@ -67,17 +74,23 @@ class TrainReport:
     test_source: str
     seconds: dict[str, float]
     bytes: dict[str, int]
+    cross_validated: dict[str, float] = field(default_factory=dict)  # models with no test set in their language
+    carried: dict[str, str] = field(default_factory=dict)  # model -> the version it was carried over from
 
     def table(self) -> str:
         """A markdown table of the results."""
         lines = ["| model | test accuracy | artefact | train time |", "|---|---:|---:|---:|"]
-        for m, acc in self.accuracies.items():
-            lines.append(f"| {m} | {acc:.2%} | {self.bytes.get(m, 0) / 1e6:.2f} MB | {self.seconds.get(m, 0):.0f} s |")
+        rows = [(m, f"{acc:.2%}") for m, acc in self.accuracies.items()]
+        rows += [(m, f"{acc:.2%} (cross-validated on its Chinese lines)") for m, acc in self.cross_validated.items()]
+        for m, acc in sorted(rows, key=lambda r: MODELS.index(r[0]) if r[0] in MODELS else len(MODELS)):
+            took = f"carried from {self.carried[m]}" if m in self.carried else f"{self.seconds.get(m, 0):.0f} s"
+            lines.append(f"| {m} | {acc} | {self.bytes.get(m, 0) / 1e6:.2f} MB | {took} |")
         return "\n".join(lines)
 
 
 _TRAINERS: dict[str, tuple[str, Callable[[Split, TrainConfig, dict[str, Any]], Any]]] = {
     "charngram": ("charngram.npz", train_charngram),
+    "charngram_zh": ("charngram_zh.npz", train_charngram_zh),
     "minilm": ("minilm.npz", train_encoder),
     "e5": ("e5.npz", train_e5),
 }
@@ -87,6 +100,8 @@ def _load_back(model: str, path: Path, labels: list[str]) -> Any:
     """The saved artefact as serving loads it (so the reported accuracy is the shipped model's)."""
     if model == "charngram":
         return CharNgramClassifier.load(path, labels)
+    if model == "charngram_zh":
+        return ChineseCharNgramClassifier.load(path, labels)
     if model == "minilm":
         from workers.models.encoder import EncoderClassifier
 
@@ -180,6 +195,7 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
 
     created = dt.datetime.now(dt.UTC)
     data_hash = files_sha256(csvs)
+    test_hash = file_sha256(test_csv) if test_csv else data_hash
     version = f"{created:%Y%m%d-%H%M%S}-{data_hash[:8]}"
     tmp = out_dir / f".{version}.partial"
     if tmp.exists():
@@ -187,6 +203,7 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
     tmp.mkdir(parents=True)
 
     accuracies: dict[str, float] = {}
+    cross_validated: dict[str, float] = {}
     seconds: dict[str, float] = {}
     sizes: dict[str, int] = {}
     entries: dict[str, Any] = {}
@@ -195,10 +212,22 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
         filename, trainer = _TRAINERS[name]
         t0 = time.perf_counter()
         model = trainer(split, cfg, ctx)
+        if model is None:  # nothing to learn from (charngram_zh without Chinese lines): its trainer said so
+            continue
         ctx[name] = model
         seconds[name] = time.perf_counter() - t0
         model.save(tmp / filename)
         loaded = _load_back(name, tmp / filename, labels)
+        sizes[name] = (tmp / filename).stat().st_size
+        if name == "charngram_zh":  # no Chinese test set: cross-validated on its own lines
+            zh = ctx["charngram_zh_report"]
+            cross_validated[name] = zh["cv_accuracy"]
+            entries[name] = {"name": loaded.name, "file": filename, "bytes": sizes[name],
+                             "temperature": round(float(model.temperature), 4), **zh,
+                             "train_seconds": round(seconds[name], 1)}
+            log.info("%s: cross-validated accuracy %.4f (%d Chinese lines), %.0f s", name, zh["cv_accuracy"],
+                     zh["data"]["n_lines"], seconds[name])
+            continue
         if name == "minilm":  # one transformer pass serves both the fused and the encoder-alone score
             enc_logits = loaded.encoder_logits(test_data.texts)
             char_logits = loaded.char.logits(test_data.texts) if loaded.char else None
@@ -206,7 +235,6 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
         else:
             pred = loaded.probabilities(test_data.texts).argmax(1)
         accuracies[name] = accuracy(pred, y_test)
-        sizes[name] = (tmp / filename).stat().st_size
         entries[name] = {"name": loaded.name, "file": filename, "bytes": sizes[name],
                          "temperature": round(float(model.temperature), 4),
                          "test_accuracy": round(accuracies[name], 4),
@@ -216,6 +244,18 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
             entries[name].update(fused_with="charngram" if model.char_weight else None,
                                  char_weight=model.char_weight, test_accuracy_encoder_alone=round(alone, 4))
         log.info("%s: test accuracy %.4f (%d test texts), %.0f s", name, accuracies[name], len(y_test), seconds[name])
+    base, carried = carry_over(out_dir, tmp, set(entries), {"domain": domain.name if domain else None,
+                                                           "train_sha256": data_hash, "test_sha256": test_hash,
+                                                           "labels": labels})
+    for name, entry in carried.items():
+        entries[name] = entry
+        sizes[name] = int(entry.get("bytes", 0))
+        if "test_accuracy" in entry:
+            accuracies[name] = float(entry["test_accuracy"])
+        elif "cv_accuracy" in entry:
+            cross_validated[name] = float(entry["cv_accuracy"])
+    entries = {k: entries[k] for k in MODELS if k in entries}
+    accuracies = {k: accuracies[k] for k in MODELS if k in accuracies}
 
     dirs = domain.data_dirs() if domain is not None else sorted({p.parent for p in csvs})
     for d in dirs:
@@ -233,7 +273,7 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
         "data": {
             "train_csv": "+".join(p.name for p in csvs), "train_sha256": data_hash,
             "n_train": len(train_data.texts),
-            "test": test_source, "test_sha256": file_sha256(test_csv) if test_csv else data_hash,
+            "test": test_source, "test_sha256": test_hash,
             "n_test": len(test_data.texts), "n_validation": len(val.texts),
         },
         "labels": labels,
@@ -241,13 +281,51 @@ def _train(data: Dataset, csvs: list[Path], out_dir: Path, given_test: Dataset |
         "models": entries,
         "config": json.loads(json.dumps(asdict(cfg), default=str)),
         "packages": _package_versions(),
+        # how the models carried over were trained (their version's manifest leaves with its directory)
+        **({"carried": {k: base.manifest[k] for k in ("version", "created", "config", "packages", "carried")
+                        if k in base.manifest}}
+           if base is not None else {}),
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     final = out_dir / version
     tmp.rename(final)
     (out_dir / LATEST).write_text(version + "\n")
     return TrainReport(version, final, accuracies, len(train_data.texts), len(test_data.texts), test_source,
-                       seconds, sizes)
+                       seconds, sizes, cross_validated, {name: e["carried_from"] for name, e in carried.items()})
+
+
+def carry_over(out_dir: Path, into: Path, trained: set[str], same: dict[str, Any]
+               ) -> tuple[ArtifactVersion | None, dict[str, Any]]:
+    """Copy into the new version `into` each model this run did not train from the version `out_dir` serves, when
+    that version's domain, training data, test set and labels are `same`'s: (that version, or None when nothing was
+    carried; model -> its manifest entry, marked `carried_from`).
+
+    MiniLM is fused with its version's charngram (it loads the file beside it), so it is carried only with it."""
+    try:
+        base = resolve_artifacts(out_dir)
+    except ArtifactError:
+        return None, {}
+    wanted = [m for m in base.manifest.get("models", {}) if m in MODELS and m not in trained]
+    if not wanted:
+        return None, {}
+    data = base.manifest.get("data", {})
+    found = {"domain": base.manifest.get("domain"), "train_sha256": data.get("train_sha256"),
+             "test_sha256": data.get("test_sha256"), "labels": base.labels}
+    if found != same:
+        differ = ", ".join(k for k in same if found[k] != same[k])
+        log.warning("not carrying %s over from %s: its %s differ from this run's", ", ".join(wanted), base.version,
+                    differ)
+        return None, {}
+    out: dict[str, Any] = {}
+    for name in wanted:
+        if name == "minilm" and "charngram" in trained:
+            log.warning("not carrying minilm over from %s: it is fused with that version's charngram", base.version)
+            continue
+        entry = base.manifest["models"][name]
+        shutil.copyfile(base.path / entry["file"], into / entry["file"])
+        out[name] = {**entry, "carried_from": base.version}
+        log.info("%s: carried over from %s", name, base.version)
+    return (base if out else None), out
 
 
 # --------------------------------------------------------------------------- command line
@@ -265,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="artefact root; a new version directory goes under it [env: TIERFLOW_ARTIFACTS_DIR] "
                         "(default ./artifacts)")
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of: {', '.join(MODELS)}")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma list of: {', '.join(MODELS)}; the others are carried over from the version --out "
+                        "serves when it was trained on the same data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=TrainConfig.encoder_epochs, help="MiniLM fine-tuning epochs")
     return p
