@@ -35,7 +35,7 @@ from rich.text import Text
 
 from pipeline.adapters.dlq import headers_dict
 from pipeline.adapters.heartbeats import read_heartbeats
-from pipeline.adapters.kafka import check_reachable, make_consumer, topics_of
+from pipeline.adapters.kafka import check_reachable, make_consumer, poll_batch, topics_of
 from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import Keys
 from pipeline.contracts.records import Heartbeat as HeartbeatDoc
@@ -48,7 +48,7 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 WINDOW_S = 10.0  # rates and percentiles are over the last WINDOW_S seconds
-ONCE_COLLECT_S = 2.0
+ONCE_COLLECT_S = 2.0  # the longest `--once` reads before its frame (it stops once the backlog is read)
 RESULTS_BACKLOG = 2000  # records per partition read back at start, to fill the first window
 DLQ_BACKLOG = 20
 LAST_DLQ = 6
@@ -75,6 +75,8 @@ class TopicTail:
         self.missing = False
         self.covered_from_ms = 0  # records before this were skipped: windows must not reach further back
         self._start: dict[int, int] = {}
+        self._end: dict[int, int | None] = {}  # per partition, its end when the tail started (None: not known)
+        self._next: dict[int, int] = {}  # per partition, the offset after the last record read
         self._await_first: set[int] = set()
         self.errors: deque[str] = deque(maxlen=3)
 
@@ -88,7 +90,7 @@ class TopicTail:
         marks: dict[int, tuple[int, int]] = {}
         deadline = time.monotonic() + timeout_s
         while len(marks) < len(parts) and time.monotonic() < deadline:
-            self.consumer.consume(50, 0.05)  # only for the watermarks in the fetch responses
+            self.consumer.consume(50, 0.005)  # only for the watermarks in the fetch responses (which come in ~1 ms)
             for p in parts:
                 if p not in marks:
                     low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
@@ -96,7 +98,8 @@ class TopicTail:
                         marks[p] = (low, high)
         for p in parts:
             low, high = marks.get(p, (0, 0))
-            self._start[p] = max(low, high - self.backlog)
+            self._end[p] = high if p in marks else None
+            self._start[p] = self._next[p] = max(low, high - self.backlog)
             if self._start[p] > low:
                 self._await_first.add(p)
         self.consumer.assign([TopicPartition(self.topic, p, self._start[p]) for p in parts])
@@ -107,7 +110,7 @@ class TopicTail:
             time.sleep(timeout_s)
             return []
         out: list[Message] = []
-        for m in self.consumer.consume(max_records, timeout_s):
+        for m in poll_batch(self.consumer, max_records, timeout_s):  # waits only while nothing is buffered
             err = m.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
@@ -116,11 +119,17 @@ class TopicTail:
             p, off = m.partition() or 0, m.offset() or 0
             if off < self._start.get(p, 0):  # fetched before the re-assignment took effect
                 continue
+            self._next[p] = off + 1
             if p in self._await_first:
                 self._await_first.discard(p)
                 self.covered_from_ms = max(self.covered_from_ms, m.timestamp()[1])
             out.append(m)
         return out
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether every record that was in the topic when the tail started has been read."""
+        return self.missing or all(end is not None and self._next.get(p, 0) >= end for p, end in self._end.items())
 
     def close(self) -> None:
         self.consumer.close()
@@ -233,10 +242,13 @@ class Status:
         self.dlq.close()
         self.r.close()
 
-    def collect(self, seconds: float, stop: threading.Event | None = None) -> None:
-        """Read both tails for about `seconds` (less once `stop` is set)."""
+    def collect(self, seconds: float, stop: threading.Event | None = None, backlog: bool = False) -> None:
+        """Read both tails for about `seconds` (less once `stop` is set); `backlog`: at most `seconds`, until what the
+        topics held when the tails started is read."""
         deadline = time.monotonic() + seconds
         while stop is None or not stop.is_set():
+            if backlog and self.results.caught_up and self.dlq.caught_up:
+                break
             left = deadline - time.monotonic()
             for m in self.results.poll(min(0.2, max(0.0, left))):
                 self._add_result(m)
@@ -474,8 +486,8 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
 # --------------------------------------------------------------------------- command
 def main(settings: Settings, once: bool = False, interval_s: float = 1.0, console: Console | None = None) -> int:
     """`tierflow status`: redraw every `interval_s` until Ctrl-C (then 130, the shell's convention); `once`: print
-    one frame (after about two seconds of data) and return 0. Raises ServiceUnavailable when Kafka or Redis is
-    unreachable."""
+    one frame, of the last WINDOW_S as the topics hold it now, and return 0. Raises ServiceUnavailable when Kafka or
+    Redis is unreachable."""
     # Ctrl-C sets `stop` from the start, so that it is honoured between steps and every consumer is closed:
     # a KeyboardInterrupt in the middle of librdkafka's start-up left its consumers to exit unclosed, and
     # that exit hung (measured: no exit 15 s after SIGINT on a loaded box). A second Ctrl-C interrupts at once.
@@ -496,7 +508,7 @@ def main(settings: Settings, once: bool = False, interval_s: float = 1.0, consol
                                      width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
         status = Status(settings).start()
         if once:
-            status.collect(ONCE_COLLECT_S, stop)
+            status.collect(ONCE_COLLECT_S, stop, backlog=True)  # the window is in the backlog: no waiting
             if stop.is_set():
                 return 130
             console.print(render(status.frame(), console.width))
