@@ -1,9 +1,9 @@
 """The front door as a user meets it: a fresh `tierflow up`, then `tierflow send TEXT --wait` again and again from
-another shell, then `tierflow answers`.
+another shell, then `tierflow answers` and `tierflow status --once` a few times each.
 
-Each send is a new `tierflow` process (interpreter start included), so its wall time is what a user waits.
+Each command is a new `tierflow` process (interpreter start included), so its wall time is what a user waits.
 
-    python -m bench.front_door [--sends 100] [--broker noida] [--write]
+    python -m bench.front_door [--sends 100] [--reads 10] [--broker noida] [--write]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ TEXTS = ["where is my order?", "我的订单什么时候到？",
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sends", type=int, default=100)
+    ap.add_argument("--reads", type=int, default=10, help="runs each of `tierflow answers` and `status --once`")
     ap.add_argument("--broker", default="noida")
     ap.add_argument("--models", choices=["packaged", "echo"], default="packaged",
                     help="the packaged models (what `tierflow up` runs) or echo (the pipeline alone)")
@@ -49,6 +50,8 @@ def main() -> None:
             break
     ready_s = time.monotonic() - t0
     walls, totals, tiers, failed = [], [], [], 0
+    reads: dict[str, list[float]] = {"answers": [], "status --once": []}
+    printed = reads_failed = 0
     try:
         for i in range(args.sends):
             t = time.monotonic()
@@ -62,26 +65,44 @@ def main() -> None:
             ans = json.loads(out.stdout[out.stdout.index("{"):])
             totals.append(ans["timings_ms"]["total"])
             tiers.append(ans["tier"])
-        listed = subprocess.run([sys.executable, "-m", "pipeline.cli", "answers", "--json"], env=env,
-                                capture_output=True, text=True, timeout=120)
-        printed = len([ln for ln in listed.stdout.splitlines() if ln.startswith("{")])
+        for _ in range(args.reads):
+            t = time.monotonic()
+            listed = subprocess.run([sys.executable, "-m", "pipeline.cli", "answers", "--json"], env=env,
+                                    capture_output=True, text=True, timeout=120)
+            reads["answers"].append(time.monotonic() - t)
+            printed = len([ln for ln in listed.stdout.splitlines() if ln.startswith("{")])
+            t = time.monotonic()
+            shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--once"], env=env,
+                                   capture_output=True, text=True, timeout=120)
+            reads["status --once"].append(time.monotonic() - t)
+            if listed.returncode != 0 or shown.returncode != 0 or "tierflow status" not in shown.stdout:
+                reads_failed += 1
+                print(f"answers exit {listed.returncode}, status exit {shown.returncode}: "
+                      f"{(listed.stderr + shown.stderr).strip()[-300:]}", flush=True)
     finally:
         up.terminate()
         up.wait(90)
     med, worst = statistics.median(walls), max(walls)
+    pyc = " Python's bytecode cache off (PYTHONDONTWRITEBYTECODE): tierflow's modules compiled at every start." \
+        if os.environ.get("PYTHONDONTWRITEBYTECODE") else ""
     body = (f"A fresh `tierflow up` (embedded {args.broker}, {args.models} models; ready in {ready_s:.1f} s), then "
-            f"{args.sends} sequential `tierflow send TEXT --wait` as new processes, then `tierflow answers`.\n\n"
+            f"{args.sends} sequential `tierflow send TEXT --wait` as new processes, then `tierflow answers` and "
+            f"`tierflow status --once` {args.reads} times each.\n\n"
             "| | median | max |\n|---|---:|---:|\n"
             f"| `send --wait`, wall time per command (interpreter start included) | {med:.2f} s | {worst:.2f} s |\n"
-            f"| the answer's own total (ingest to answer) | {statistics.median(totals):.0f} ms | "
+            + "".join(f"| `{name}`, wall time per command | {statistics.median(ts):.2f} s | {max(ts):.2f} s |\n"
+                      for name, ts in reads.items() if ts)
+            + f"| the answer's own total (ingest to answer) | {statistics.median(totals):.0f} ms | "
             f"{max(totals):.0f} ms |\n\n"
             f"Answers printed by `send --wait`: {len(totals)} of {args.sends} ({failed} failed); tiers: "
             + ", ".join(f"{t} {tiers.count(t)}" for t in sorted(set(tiers)))
-            + f". `tierflow answers` printed {printed}. 1-minute load average: {os.getloadavg()[0]:.1f}.\n")
+            + f". `tierflow answers` printed {printed}"
+            + (f"; {reads_failed} of {args.reads} answers/status runs failed" if reads_failed else "")
+            + f". 1-minute load average: {os.getloadavg()[0]:.1f}.{pyc}\n")
     print(body)
     if args.write:
         write_section(f"The front door ({args.broker}, {args.models} models)", body)
-    if failed or printed < args.sends:
+    if failed or reads_failed or (args.reads and printed < args.sends):
         sys.exit(1)
 
 
