@@ -4,6 +4,7 @@ falls back to its TIERFLOW_* variable. The commands themselves are in `pipeline/
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -233,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_logs = False
     try:
         settings = settings_of(args)  # a wrong TIERFLOW_* variable raises ConfigError here, one line each
+        gc.freeze()  # what is loaded by now lives as long as the process: full collections need not walk it again
         setup_logging(settings)
         json_logs = settings.log_json
         code: int = command(args.command)(args)
