@@ -1,10 +1,16 @@
-"""The design article's service, written anew: one HTTP request at a time, light or large model per request.
+"""The design article's service, written anew, against tierflow on the same models, messages and cores.
 
-The article's FastAPI example routes each request by length (<= 50 characters: the light model, else
-the large one) and calls the model for that one request. Here the same packaged models serve behind
-a single-threaded HTTP server (one request at a time, as its synchronous endpoint does), and the same
-traffic goes through tierflow on the embedded stack. Reported: throughput at equal hardware (flat out)
-and p95 latency at an equal offered load.
+The article's FastAPI example routes each request by length (<= 50 characters: the light model, else the large
+one) and calls the model for that one request. Here the same packaged models serve behind a single-threaded HTTP
+server in a process of its own (one request at a time, as its synchronous endpoint does), twice: on the runtime
+the article's code would use (torch) and on tierflow's own (the heavy encoder on ONNX Runtime on a CPU), so the gain
+from the architecture shows apart from the gain from the runtime. tierflow runs as `tierflow up` does (embedded
+broker and Redis, ingest, the three tiers, feedback; the core budget split among them).
+
+Traffic: the shop pack's bilingual check set and as many messages of its held-out test set, shuffled (fixed seed)
+and sent in that order, repeated as needed. Reported per system: flat-out throughput; at a steady offered load,
+p50/p95/p99 latency, the CPU time per answered message (tierflow: every process of the stack, broker, Redis and idle
+loops included; the article service: its process) and the accuracy of the answers' intents against the labels.
 
     python -m bench.article_service [--quick] [--write]
 """
@@ -15,22 +21,33 @@ import argparse
 import http.client
 import json
 import os
+import random
+import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
-from bench.common import SHOP_TEXTS, embedded_services, fresh_topics, missing_note, tail_percentiles, write_section
-from bench.pipeline import measure, start_pipeline
+import orjson
+import psutil
+from confluent_kafka import Message
+
+from bench.common import AnswerReader, Run, missing_note, run_ids, summarize, tail_percentiles, write_section
+from bench.domain_quality import Case, read_sets
+from bench.pipeline import send
 from pipeline.adapters.kafka import topics_of
 from pipeline.contracts.topics import Tier
 from pipeline.core import features
+from pipeline.ops.devstack import Stack, free_port, running_stack, wait_agents_ready
 from pipeline.settings import Settings
 from workers.model import InferenceModel, Item
 
-# The default pack's (e-commerce) customer messages, English and Chinese, two of six over 50 characters. Not
-# bench.pipeline's banking texts: the shop's models rightly judge those out of scope and hand them to heavy.
-TEXTS = SHOP_TEXTS
+RUNTIMES = {"torch": "the article's (torch)", "tierflow": "tierflow's (heavy encoder on ONNX Runtime)"}
 
 
 class ArticleService:
@@ -48,7 +65,13 @@ class ArticleService:
         return {"intent": pred.intent, "confidence": pred.confidence, "answer": pred.answer, "model": pred.model}
 
 
-def serve(service: ArticleService) -> tuple[HTTPServer, int]:
+def article_settings(runtime: str) -> Settings:
+    """The packaged models as they ship: no learned versions from Redis (the article has no learning loop)."""
+    s = Settings().updated(learn_hot_swap=False)
+    return s.updated(heavy_runtime="torch") if runtime == "torch" else s
+
+
+def serve(service: ArticleService, port: int = 0) -> tuple[HTTPServer, int]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -62,104 +85,249 @@ def serve(service: ArticleService) -> tuple[HTTPServer, int]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)  # one request at a time, as the article's sync endpoint
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = HTTPServer(("127.0.0.1", port), Handler)  # one request at a time, as the article's sync endpoint
     return server, int(server.server_address[1])
 
 
-def call(port: int, text: str) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    t0 = time.perf_counter()
-    conn.request("POST", "/infer", json.dumps({"text": text}), {"Content-Type": "application/json"})
-    conn.getresponse().read()
-    conn.close()
-    return (time.perf_counter() - t0) * 1000
+def serve_main(runtime: str) -> None:
+    """`--serve RUNTIME`: load the models, print the port, answer until stdin closes."""
+    from workers.models.registry import tier_model
+
+    s = article_settings(runtime)
+    light, heavy = tier_model(s, Tier.LIGHT), tier_model(s, Tier.HEAVY)
+    light.setup("cpu")
+    heavy.setup("cpu")
+    server, port = serve(ArticleService(light, heavy))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"PORT {port}", flush=True)
+    sys.stdin.read()
+    server.shutdown()
 
 
-def flat_out(port: int, n: int, clients: int = 8) -> float:
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(lambda i: call(port, TEXTS[i % len(TEXTS)]), range(n)))
-    return n / (time.perf_counter() - t0)
+# --------------------------------------------------------------------------- traffic
+def shop_messages(seed: int = 0) -> list[Case]:
+    """The shop pack's check set (English and Chinese) and as many held-out test messages, shuffled."""
+    from workers.domains import load_domain
+
+    sets = read_sets(load_domain("ecommerce"))
+    check = [c for name, cases in sets.items() if name.startswith("check set") for c in cases]
+    held = [c for name, cases in sets.items() if not name.startswith("check set") for c in cases]
+    rng = random.Random(seed)
+    out = check + rng.sample(held, min(len(held), len(check)))
+    rng.shuffle(out)
+    return out
 
 
-def fixed_load(port: int, rate: float, seconds: float) -> list[float]:
-    """Open loop: a request every 1/rate s whatever the server's state; latency includes the wait."""
-    n = int(rate * seconds)
-    lat: list[float] = []
-    with ThreadPoolExecutor(256) as pool:
-        futs = []
-        t0 = time.perf_counter()
-        for i in range(n):
-            ahead = i / rate - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-            futs.append(pool.submit(call, port, TEXTS[i % len(TEXTS)]))
-        lat = [f.result() for f in futs]
-    return lat
-
-
-def long_share(texts: list[str], threshold: int = 50) -> tuple[int, float]:
+def long_share(texts: Sequence[str], threshold: int = 50) -> tuple[int, float]:
     """How many of `texts` are longer than `threshold` characters (the article's rule sends them to
     the large model), and their share of the traffic when the texts are sent in turn."""
     long = sum(len(t) > threshold for t in texts)
     return long, long / len(texts)
 
 
+def correct(case: Case, intent: object) -> bool:
+    return intent == case.intent or intent in case.also
+
+
+@dataclass
+class Measured:
+    """One system under one load: what was sent and answered, latencies, accuracy, CPU per answer."""
+
+    rate: float  # answered msg/s
+    sent: int
+    latencies_ms: list[float]  # one per answered message
+    accuracy: float  # correct intents / sent
+    cpu_ms: float  # CPU time per answered message
+
+    @property
+    def missing(self) -> int:
+        return self.sent - len(self.latencies_ms)
+
+    def cells(self) -> list[str]:
+        floor = max(self.latencies_ms, default=0.0)
+        return [f"> {floor:.0f}" if v is None else f"{v:.1f}"
+                for v in tail_percentiles(self.latencies_ms, self.missing)]
+
+
+def cpu_s(procs: Sequence[psutil.Process]) -> float:
+    """User + system CPU seconds of `procs` and their live children (gone ones count as 0)."""
+    total = 0.0
+    seen: set[int] = set()
+    for p in procs:
+        try:
+            for q in [p, *p.children(recursive=True)]:
+                if q.pid not in seen:
+                    seen.add(q.pid)
+                    t = q.cpu_times()
+                    total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+# --------------------------------------------------------------------------- the article service
+def call(port: int, text: str) -> tuple[float, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.perf_counter()
+    conn.request("POST", "/infer", json.dumps({"text": text}), {"Content-Type": "application/json"})
+    intent = json.loads(conn.getresponse().read())["intent"]
+    conn.close()
+    return (time.perf_counter() - t0) * 1000, intent
+
+
+def article_run(port: int, pid: int, cases: Sequence[Case], n: int, rate: float | None) -> Measured:
+    """n requests (cases in turn): flat out from 8 clients, or open loop at `rate` msg/s (latency includes the
+    wait for the one-at-a-time server)."""
+    proc = psutil.Process(pid)
+    cpu0, t0 = cpu_s([proc]), time.perf_counter()
+    with ThreadPoolExecutor(8 if rate is None else 256) as pool:
+        futs = []
+        for i in range(n):
+            if rate:
+                ahead = i / rate - (time.perf_counter() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+            futs.append(pool.submit(call, port, cases[i % len(cases)].text))
+        out = [f.result() for f in futs]
+    wall, cpu = time.perf_counter() - t0, cpu_s([proc]) - cpu0
+    ok = sum(correct(cases[i % len(cases)], intent) for i, (_, intent) in enumerate(out))
+    return Measured(n / wall, n, [ms for ms, _ in out], ok / n, cpu * 1000 / n)
+
+
+def with_article(runtime: str, run: Callable[[int, int], tuple[Measured, Measured]]) -> tuple[Measured, Measured]:
+    """Start the article service on `runtime` in a process of its own, run `run(port, pid)`, stop it."""
+    p = subprocess.Popen([sys.executable, "-m", "bench.article_service", "--serve", runtime], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if not line.startswith("PORT "):
+            raise SystemExit(f"the article service ({runtime}) did not start: {line!r}")
+        return run(int(line.split()[1]), p.pid)
+    finally:
+        if p.stdin is not None:
+            p.stdin.close()
+        p.wait(30)
+
+
+# --------------------------------------------------------------------------- tierflow
+class IntentReader(AnswerReader):
+    """An answer reader that also keeps each expected answer's intent, tier and timings."""
+
+    def __init__(self, s: Settings, topic: str, expected: Sequence[str]) -> None:
+        super().__init__(s, topic, expected)
+        self.answers: dict[str, dict[str, object]] = {}
+
+    def take(self, m: Message, now: float) -> None:
+        super().take(m, now)
+        key = m.key()
+        if m.error() is None and m.value() and isinstance(key, bytes) and key.decode() in self.log.expected:
+            self.answers.setdefault(key.decode(), orjson.loads(m.value() or b"{}"))
+
+
+def tierflow_run(stack: Stack, cases: Sequence[Case], n: int, rate: float | None, timeout: float
+                 ) -> tuple[Measured, dict[str, dict[str, object]]]:
+    s = stack.settings
+    t = topics_of(s)
+    ids = run_ids(n)
+    texts = [cases[i % len(cases)].text for i in range(n)]
+    reader = IntentReader(s, t.answers, ids)
+    reader.start()
+    procs = [psutil.Process(p.popen.pid) for p in stack.procs]
+    cpu0, t0 = cpu_s(procs), time.time()
+    sent_at = send(s, t.requests, ids, rate, texts=texts)
+    gave_up_at = reader.wait(timeout)
+    cpu = cpu_s(procs) - cpu0
+    reader.stop()
+    run = summarize(sent_at, reader.log, t0, gave_up_at)
+    by_id = {rid: cases[i % len(cases)] for i, rid in enumerate(ids)}
+    ok = sum(correct(by_id[rid], a.get("intent")) for rid, a in reader.answers.items())
+    return (Measured(run.rate, n, run.latencies_ms, ok / n, cpu * 1000 / max(1, run.answered)),
+            reader.answers)
+
+
+def hops(answers: dict[str, dict[str, object]]) -> str:
+    """Medians of the answers' own timings per tier: where tierflow's time goes."""
+    by_tier: dict[str, list[dict[str, float]]] = {}
+    for a in answers.values():
+        by_tier.setdefault(str(a.get("tier")), []).append(a.get("timings_ms") or {})  # type: ignore[arg-type]
+    rows = []
+    for tier, ts in sorted(by_tier.items()):
+        med = {k: statistics.median(x.get(k, 0.0) for x in ts) for k in ("ingest", "queue", "inference", "total")}
+        rows.append(f"| {tier} | {len(ts)} | {med['ingest']:.1f} | {med['queue']:.1f} | {med['inference']:.1f} | "
+                    f"{med['total']:.1f} |")
+    return ("| tier | answers | ingest | tier topic (queue) | inference | total (received to produced) |\n"
+            "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows))
+
+
+# --------------------------------------------------------------------------- report
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--rate", type=float, default=50.0, help="offered load for the p95 comparison (msg/s)")
+    ap.add_argument("--rate", type=float, default=50.0, help="steady offered load (msg/s)")
     ap.add_argument("--messages", type=int, default=None, help="flat-out requests to the article service "
                                                                  "(2,000; quick 300); tierflow gets 5x as many")
-    ap.add_argument("--seconds", type=float, default=None, help="length of the fixed-load runs (20 s; quick 5 s)")
+    ap.add_argument("--seconds", type=float, default=None, help="length of the steady-load runs (20 s; quick 5 s)")
+    ap.add_argument("--serve", choices=sorted(RUNTIMES), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        serve_main(args.serve)
+        return
     n = args.messages or (300 if args.quick else 2000)
     seconds = args.seconds or (5 if args.quick else 20)
+    steady = max(1, int(args.rate * seconds))
+    cases = shop_messages()
 
-    from workers.models.registry import tier_model
+    article: dict[str, tuple[Measured, Measured]] = {}
+    for runtime in RUNTIMES:
+        article[runtime] = with_article(runtime, lambda port, pid: (
+            article_run(port, pid, cases, n, None), article_run(port, pid, cases, steady, args.rate)))
 
-    models = Settings()
-    light, heavy = tier_model(models, Tier.LIGHT), tier_model(models, Tier.HEAVY)
-    light.setup("cpu")
-    heavy.setup("cpu")
-    server, port = serve(ArticleService(light, heavy))
-    art_rate = flat_out(port, n)
-    art_lat = fixed_load(port, args.rate, seconds)
-    server.shutdown()
-    del light, heavy
-
-    with embedded_services() as services:
-        s = fresh_topics(services)
-        stack, _ = start_pipeline(s, {}, light_workers=1)
-        try:
-            t = topics_of(s)
-            tf_flat = measure(s, t.requests, t.answers, n * 5, None, 600, texts=TEXTS)
-            tf_fixed = measure(s, t.requests, t.answers, int(args.rate * seconds), args.rate, 300, texts=TEXTS)
-        finally:
-            stack.stop()
-    art_cells = " | ".join(f"{v:.1f}" for v in tail_percentiles(art_lat, 0) if v is not None)  # all answered
-    long, share = long_share(TEXTS, ArticleService.LENGTH_THRESHOLD)
-    missing = missing_note({"tierflow flat out": tf_flat, "tierflow fixed load": tf_fixed})
-    body = (
-        f"Same packaged models (the default e-commerce pack), same messages ({len(TEXTS)} shop customer messages "
-        f"in turn, English and Chinese; {long} of {len(TEXTS)}, {share:.0%} of the traffic, over "
-        f"{ArticleService.LENGTH_THRESHOLD} "
-        "characters, which the article's rule sends to the large model), same 2 cores. Each tierflow run waits "
-        "for every one of its own answers; its percentiles are over all of them.\n\n"
-        "| system | throughput flat out (msg/s) | load | p50 ms | p95 ms | p99 ms |\n|---|---:|---|---:|---:|---:|\n"
-        f"| article service (one request at a time) | {art_rate:,.1f} | {args.rate:.0f} msg/s | {art_cells} |\n"
-        f"| tierflow (micro-batched tiers on Kafka) | {tf_flat.rate:,.1f} | {args.rate:.0f} msg/s | "
-        + " | ".join(tf_fixed.cells()) + " |\n\n"
-        + (f"{missing}\n\n" if missing else "")
-        + f"Throughput ratio tierflow / article service: {tf_flat.rate / art_rate:.1f}x "
-        f"(tierflow answered {tf_flat.answered:,} of {tf_flat.sent:,} flat out). "
-        f"1-minute load average at the end: {os.getloadavg()[0]:.1f}.\n"
-    )
-    print(body)
+    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench-article"))
+    with running_stack(base) as stack:
+        if wait_agents_ready(stack) is None:
+            raise SystemExit(f"tierflow up did not become ready; logs in {stack.log_dir}")
+        time.sleep(2)
+        tf_flat, _ = tierflow_run(stack, cases, n * 5, None, 600)
+        time.sleep(2)
+        tf_steady, answers = tierflow_run(stack, cases, steady, args.rate, 300)
+    print(body := report(cases, article, tf_flat, tf_steady, answers, args.rate))
     if args.write:
         write_section("Against the design article's service", body)
+
+
+def report(cases: Sequence[Case], article: dict[str, tuple[Measured, Measured]], tf_flat: Measured,
+           tf_steady: Measured, answers: dict[str, dict[str, object]], rate: float) -> str:
+    long, share = long_share([c.text for c in cases], ArticleService.LENGTH_THRESHOLD)
+    zh = sum(c.lang == "zh" for c in cases)
+    rows = [f"| article service, {RUNTIMES[rt]} | {flat.rate:,.1f} | " + " | ".join(st.cells())
+            + f" | {st.cpu_ms:.1f} | {st.accuracy:.1%} |" for rt, (flat, st) in article.items()]
+    rows.append(f"| tierflow (`tierflow up`: micro-batched tiers on Kafka) | {tf_flat.rate:,.1f} | "
+                + " | ".join(tf_steady.cells()) + f" | {tf_steady.cpu_ms:.1f} | {tf_steady.accuracy:.1%} |")
+    torch_flat, torch_steady = article["torch"]
+    own_flat, own_steady = article["tierflow"]
+    missing = missing_note({name: Run(m.sent, len(m.latencies_ms), 0.0, m.latencies_ms)
+                            for name, m in (("tierflow flat out", tf_flat), ("tierflow steady", tf_steady))})
+    return (
+        f"Same packaged models (the default e-commerce pack), same messages: its check set and as many held-out "
+        f"test messages, {len(cases)} in all ({zh} Chinese; {long}, {share:.0%}, over "
+        f"{ArticleService.LENGTH_THRESHOLD} characters, which the article's rule sends to the large model), "
+        "shuffled and sent in that order; same 2 cores. The article service answers one request at a time in a "
+        "process of its own; tierflow is a whole `tierflow up`. Latency: request sent to answer read. CPU per "
+        f"answer at {rate:.0f} msg/s: tierflow's every process (broker, Redis, agents), the article service's own "
+        "process. Accuracy: the answer's intent against the message's label.\n\n"
+        f"| system | throughput flat out (msg/s) | p50 ms at {rate:.0f} msg/s | p95 ms | p99 ms | CPU ms per answer | "
+        "accuracy |\n|---|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
+        + (f"{missing}\n\n" if missing else "")
+        + f"Throughput ratio tierflow / article service: {tf_flat.rate / torch_flat.rate:.1f}x on the article's "
+        f"runtime, {tf_flat.rate / own_flat.rate:.1f}x on tierflow's. CPU per answer, article service / tierflow: "
+        f"{torch_steady.cpu_ms / max(tf_steady.cpu_ms, 1e-9):.1f}x and "
+        f"{own_steady.cpu_ms / max(tf_steady.cpu_ms, 1e-9):.1f}x. 1-minute load average at the end: "
+        f"{os.getloadavg()[0]:.1f}.\n\n"
+        f"Where tierflow's time goes at {rate:.0f} msg/s (medians of the answers' own timings, ms):\n\n"
+        + hops(answers) + "\n"
+    )
 
 
 if __name__ == "__main__":
