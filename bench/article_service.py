@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -138,6 +138,7 @@ class Measured:
     latencies_ms: list[float]  # one per answered message
     accuracy: float  # correct intents / sent
     cpu_ms: float  # CPU time per answered message
+    by_process: dict[str, float] = field(default_factory=dict)  # CPU ms per answered message, per process
 
     @property
     def missing(self) -> int:
@@ -233,16 +234,19 @@ def tierflow_run(stack: Stack, cases: Sequence[Case], n: int, rate: float | None
     texts = [cases[i % len(cases)].text for i in range(n)]
     reader = IntentReader(s, t.answers, ids)
     reader.start()
-    procs = [psutil.Process(p.popen.pid) for p in stack.procs]
-    cpu0, t0 = cpu_s(procs), time.time()
+    procs = {p.name: psutil.Process(p.popen.pid) for p in stack.procs}
+    each0 = {name: cpu_s([proc]) for name, proc in procs.items()}
+    t0 = time.time()
     sent_at = send(s, t.requests, ids, rate, texts=texts)
     gave_up_at = reader.wait(timeout)
-    cpu = cpu_s(procs) - cpu0
+    each = {name: cpu_s([proc]) - each0[name] for name, proc in procs.items()}
+    cpu = sum(each.values())
     reader.stop()
     run = summarize(sent_at, reader.log, t0, gave_up_at)
     by_id = {rid: cases[i % len(cases)] for i, rid in enumerate(ids)}
     ok = sum(correct(by_id[rid], a.get("intent")) for rid, a in reader.answers.items())
-    return (Measured(run.rate, n, run.latencies_ms, ok / n, cpu * 1000 / max(1, run.answered)),
+    per = 1000 / max(1, run.answered)
+    return (Measured(run.rate, n, run.latencies_ms, ok / n, cpu * per, {k: v * per for k, v in each.items()}),
             reader.answers)
 
 
@@ -326,7 +330,10 @@ def report(cases: Sequence[Case], article: dict[str, tuple[Measured, Measured]],
         f"{own_steady.cpu_ms / max(tf_steady.cpu_ms, 1e-9):.1f}x. 1-minute load average at the end: "
         f"{os.getloadavg()[0]:.1f}.\n\n"
         f"Where tierflow's time goes at {rate:.0f} msg/s (medians of the answers' own timings, ms):\n\n"
-        + hops(answers) + "\n"
+        + hops(answers) + "\n\n"
+        + f"tierflow's CPU per answer at {rate:.0f} msg/s by process (ms): "
+        + ", ".join(f"{name} {ms:.1f}" for name, ms in sorted(tf_steady.by_process.items(), key=lambda kv: -kv[1]))
+        + ".\n"
     )
 
 
