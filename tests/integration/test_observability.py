@@ -371,3 +371,17 @@ def test_report_after_the_run(pipeline: Pipeline, traffic: dict[str, Scrape], tm
     assert recent.returncode == 0, recent.stderr
     assert "no answers" in recent.stdout
     assert os.path.getsize(tmp_path / "none" / "report.png") > 10_000
+
+
+# --------------------------------------------------------------------------- (d) the front door
+def test_send_wait_prints_the_answer_and_answers_lists_it(pipeline: Pipeline) -> None:
+    """What a person types, each a new process: `send TEXT --wait` prints that request's answer, `answers` then lists
+    it (after the report: this request is not part of the run the report checks)."""
+    rid = f"front-{uuid.uuid4().hex[:8]}"
+    sent = pipeline.cli("send", "where is my order?", "--id", rid, "--wait", "--timeout", "30")
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.startswith(f"sent {rid}\n"), sent.stdout
+    assert json.loads(sent.stdout[sent.stdout.index("{"):])["request_id"] == rid, sent.stdout
+    listed = pipeline.cli("answers", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert rid in {json.loads(line)["request_id"] for line in listed.stdout.splitlines() if line.startswith("{")}
