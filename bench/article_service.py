@@ -333,8 +333,33 @@ def report(cases: Sequence[Case], article: dict[str, tuple[Measured, Measured]],
         + hops(answers) + "\n\n"
         + f"tierflow's CPU per answer at {rate:.0f} msg/s by process (ms): "
         + ", ".join(f"{name} {ms:.1f}" for name, ms in sorted(tf_steady.by_process.items(), key=lambda kv: -kv[1]))
-        + ".\n"
+        + ".\n\n" + targets(article, tf_flat, tf_steady)
     )
+
+
+def targets(article: dict[str, tuple[Measured, Measured]], tf_flat: Measured, tf_steady: Measured) -> str:
+    """Issue 33's targets against this run, each met or not, and what keeps tierflow from them."""
+    (torch_flat, torch_steady), (own_flat, own_steady) = article["torch"], article["tierflow"]
+    p50, _, p99 = tail_percentiles(tf_steady.latencies_ms, tf_steady.missing)
+    checks = [
+        ("throughput >= 5x the article service's", tf_flat.rate >= 5 * torch_flat.rate),
+        ("throughput >= 2x the article service on tierflow's runtime", tf_flat.rate >= 2 * own_flat.rate),
+        ("CPU per answer <= 1/5 of the article service's", tf_steady.cpu_ms * 5 <= torch_steady.cpu_ms),
+        ("p50 <= 10 ms and p99 <= 50 ms at the steady load", p50 is not None and p99 is not None
+         and p50 <= 10 and p99 <= 50),
+        ("accuracy >= the article service's", tf_steady.accuracy >= max(torch_steady.accuracy,
+                                                                         own_steady.accuracy)),
+    ]
+    met = "; ".join(f"{name}: {'met' if ok else '**not met**'}" for name, ok in checks)
+    return (f"Targets: {met}.\n\n" + (
+        "" if all(ok for _, ok in checks) else
+        "What keeps tierflow from them: the embedded broker answers every fetch at once, so each agent's consumer "
+        "that has caught up fetches in a loop between records (the broker's line above, and most of each agent's); "
+        "idle consumers rest (\"An idle stack\"), but resting between records under load, tried, lost records "
+        "(pipeline/core/fetch_pacing.py). Every message also crosses four topics and three processes. What would "
+        "close it: a broker that holds fetches (Apache Kafka honours fetch.wait.max.ms), a safe pause between "
+        "records for partitions not yet read from, and ingest and the tiers in one process on a small machine "
+        "(one consumer and one producer instead of four of each).\n"))
 
 
 if __name__ == "__main__":

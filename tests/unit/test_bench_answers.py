@@ -150,3 +150,15 @@ def test_article_share_of_long_texts_is_computed() -> None:
     assert long == sum(len(t) > 50 for t in TEXTS)
     assert share == pytest.approx(long / len(TEXTS))
     assert long_share(["x" * 51, "y", "z"], 50) == (1, pytest.approx(1 / 3))
+
+
+def test_article_targets_say_which_are_met() -> None:
+    from bench.article_service import Measured, targets
+
+    slow = Measured(rate=100.0, sent=4, latencies_ms=[5.0, 6.0, 7.0, 8.0], accuracy=0.9, cpu_ms=10.0)
+    fast = Measured(rate=600.0, sent=4, latencies_ms=[2.0, 3.0, 4.0, 5.0], accuracy=0.95, cpu_ms=1.0)
+    text = targets({"torch": (slow, slow), "tierflow": (slow, slow)}, fast, fast)
+    assert "**not met**" not in text and "What keeps" not in text
+    costly = Measured(rate=600.0, sent=4, latencies_ms=[2.0, 3.0, 4.0, 5.0], accuracy=0.95, cpu_ms=3.0)
+    text = targets({"torch": (slow, slow), "tierflow": (slow, slow)}, fast, costly)
+    assert "CPU per answer <= 1/5 of the article service's: **not met**" in text and "What keeps" in text
