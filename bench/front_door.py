@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,7 @@ def main() -> None:
     finally:
         up.terminate()
         up.wait(90)
+        shutil.rmtree(env["TIERFLOW_DATA_DIR"], ignore_errors=True)  # a fresh stack's broker log and logs
     med, worst = statistics.median(walls), max(walls)
     pyc = " Python's bytecode cache off (PYTHONDONTWRITEBYTECODE): tierflow's modules compiled at every start." \
         if os.environ.get("PYTHONDONTWRITEBYTECODE") else ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,6 +110,7 @@ def measure(extra_env: dict[str, str], settle_s: float, window_s: float, sends: 
     finally:
         up.terminate()
         up.wait(90)
+        shutil.rmtree(env["TIERFLOW_DATA_DIR"], ignore_errors=True)  # a fresh stack's broker log and logs
     return Idle(ready_s, total, by_name, totals, failed)
 
 
