@@ -15,8 +15,8 @@ Under steady load a consumer still fetches in a loop between records. Resting 2 
 (at 50 msg/s ingest's fetcher thread went from 26% of a core to ~9%), but lost records: a replay resumed after a
 kill missed answers (tests/integration/test_replay.py::test_interrupted_replay_resumes, 2 of 2 runs; 500 ms passed).
 Resting that soon only when every assigned partition had a position to resume from (`position()` >= 0) still
-lost records (1 of 3 runs), so the cause is not (only) partitions paused before their first delivery; until it is
-found, `rest_after_s` stays long enough that pausing happens only when idle.
+lost records (the replay test failed again), so the cause is not (only) partitions paused before their first
+delivery; until it is found, `rest_after_s` stays long enough that pausing happens only when idle.
 """
 
 from __future__ import annotations
