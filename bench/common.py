@@ -8,12 +8,14 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +127,45 @@ def embedded_services() -> Iterator[Settings]:
         yield stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
     finally:
         stack.stop()
+
+
+@dataclass
+class Up:
+    """A `tierflow up` started by a benchmark: its process, the environment its commands need, and its banner."""
+
+    proc: subprocess.Popen[str]
+    env: dict[str, str]
+    ready_s: float  # from start to "Ctrl-C stops everything"
+    banner: list[str]
+
+
+@contextlib.contextmanager
+def tierflow_up(tag: str, extra_env: Mapping[str, str] | None = None) -> Iterator[Up]:
+    """A fresh `tierflow up` as a user starts it: default settings (no TIERFLOW_* from this environment) but
+    `extra_env`, free ports, a data dir of its own (removed at the end). Yields once it says it is up; stopped
+    (SIGTERM, as Ctrl-C) on exit."""
+    data = Path(f".tierflow/bench-{tag}-{uuid.uuid4().hex[:6]}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_")}
+    env.update(TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()),
+               TIERFLOW_DATA_DIR=str(data), **(extra_env or {}))
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    banner: list[str] = []
+    try:
+        while True:
+            line = proc.stdout.readline()
+            banner.append(line)
+            if "Ctrl-C stops everything" in line or not line:
+                break
+        if proc.poll() is not None:
+            raise SystemExit("tierflow up did not start:\n" + "".join(banner[-20:]))
+        yield Up(proc, env, time.monotonic() - t0, banner)
+    finally:
+        proc.terminate()
+        proc.wait(90)
+        shutil.rmtree(data, ignore_errors=True)  # the broker's log and the agents' logs of this run
 
 
 def fresh_topics(base: Settings, backlog: bool = False, whole: str = "requests") -> Settings:

@@ -11,17 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
-from bench.common import write_section
+from bench.common import tierflow_up, write_section
 from bench.soak import ECHO
-from pipeline.ops.devstack import free_port
 
 TEXTS = ["where is my order?", "我的订单什么时候到？",
          "I want to return the shoes I bought last week, they are too small",
@@ -37,23 +33,12 @@ def main() -> None:
                     help="the packaged models (what `tierflow up` runs) or echo (the pipeline alone)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_")}
-    env.update(TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()),
-               TIERFLOW_DATA_DIR=str(Path(f".tierflow/bench-front-{uuid.uuid4().hex[:6]}")),
-               TIERFLOW_EMBEDDED_BROKER=args.broker, **(ECHO if args.models == "echo" else {}))
-    t0 = time.monotonic()
-    up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up"], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    assert up.stdout is not None
-    while True:
-        line = up.stdout.readline()
-        if "Ctrl-C stops everything" in line or not line:
-            break
-    ready_s = time.monotonic() - t0
+    extra = {"TIERFLOW_EMBEDDED_BROKER": args.broker, **(ECHO if args.models == "echo" else {})}
     walls, totals, tiers, failed = [], [], [], 0
     reads: dict[str, list[float]] = {"answers": [], "status --once": []}
     printed = reads_failed = 0
-    try:
+    with tierflow_up("front", extra) as up:
+        env, ready_s = up.env, up.ready_s
         for i in range(args.sends):
             t = time.monotonic()
             out = subprocess.run([sys.executable, "-m", "pipeline.cli", "send", TEXTS[i % len(TEXTS)], "--wait",
@@ -80,10 +65,6 @@ def main() -> None:
                 reads_failed += 1
                 print(f"answers exit {listed.returncode}, status exit {shown.returncode}: "
                       f"{(listed.stderr + shown.stderr).strip()[-300:]}", flush=True)
-    finally:
-        up.terminate()
-        up.wait(90)
-        shutil.rmtree(env["TIERFLOW_DATA_DIR"], ignore_errors=True)  # a fresh stack's broker log and logs
     med, worst = statistics.median(walls), max(walls)
     pyc = " Python's bytecode cache off (PYTHONDONTWRITEBYTECODE): tierflow's modules compiled at every start." \
         if os.environ.get("PYTHONDONTWRITEBYTECODE") else ""

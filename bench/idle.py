@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -24,8 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.common import write_section
-from pipeline.ops.devstack import free_port
+from bench.common import tierflow_up, write_section
 
 CONFIGS: dict[str, dict[str, str]] = {"default": {}, "off": {"TIERFLOW_KAFKA_FETCH_PACING": "off"}}
 LABELS = {"default": "default (idle consumers rest)", "off": "`TIERFLOW_KAFKA_FETCH_PACING=off`"}
@@ -68,25 +66,10 @@ def name_of(p: psutil.Process) -> str:
 
 
 def measure(extra_env: dict[str, str], settle_s: float, window_s: float, sends: int) -> Idle:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERFLOW_")}
-    env.update(TIERFLOW_KAFKA_PORT=str(free_port()), TIERFLOW_REDIS_PORT=str(free_port()),
-               TIERFLOW_DATA_DIR=str(Path(f".tierflow/bench-idle-{uuid.uuid4().hex[:6]}")), **extra_env)
-    t0 = time.monotonic()
-    up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up"], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    assert up.stdout is not None
-    lines = []
-    while True:
-        line = up.stdout.readline()
-        lines.append(line)
-        if "Ctrl-C stops everything" in line or not line:
-            break
-    if up.poll() is not None:
-        raise SystemExit("tierflow up did not start:\n" + "".join(lines[-20:]))
-    ready_s = time.monotonic() - t0
-    try:
+    with tierflow_up("idle", extra_env) as up:
+        env, ready_s = up.env, up.ready_s
         time.sleep(settle_s)
-        root = psutil.Process(up.pid)
+        root = psutil.Process(up.proc.pid)
         procs = [root, *root.children(recursive=True)]
         before = {p.pid: cpu_s(p) for p in procs}
         time.sleep(window_s)
@@ -107,10 +90,6 @@ def measure(extra_env: dict[str, str], settle_s: float, window_s: float, sends: 
                 print(f"send {i}: exit {out.returncode}: {out.stderr.strip()[-300:]}", flush=True)
                 continue
             totals.append(float(json.loads(out.stdout[out.stdout.index("{"):])["timings_ms"]["total"]))
-    finally:
-        up.terminate()
-        up.wait(90)
-        shutil.rmtree(env["TIERFLOW_DATA_DIR"], ignore_errors=True)  # a fresh stack's broker log and logs
     return Idle(ready_s, total, by_name, totals, failed)
 
 
