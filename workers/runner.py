@@ -134,8 +134,7 @@ class Worker:
         self.r = r or make_redis(settings)
         self.group = settings.group(f"workers-{tier.value}")
         self.consumer = make_member(settings, self.group)
-        # Ingest (and light, escalating) ring it; nothing else writes a tier topic.
-        self.consumer.listen(lambda: Bell(settings, [self.topics.tier(tier)]), every_writer_rings=True)
+        self.consumer.listen(lambda: Bell(settings, [self.topics.tier(tier)]))  # ingest (and light) ring it
         self.dlq = DeadLetters(settings, f"worker:{tier.value}")
         # Backfill: its own consumer, producer and batches, taken only while no live record waits. Its producer
         # writes answers and results: the output codec.

@@ -159,9 +159,9 @@ class OrderedConsumer(Consumer):
 
     Pacing (pipeline/core/fetch_pacing.py): on a broker that answers an empty fetch at once (`pacing` None: known
     by its cluster id, noida), librdkafka's fetcher loops without pause whenever it has caught up: idle, that was a
-    third of a core per agent, and under load as much. After `pacer.rest_after_s` without records this consumer
-    pauses its partitions and, at each call, asks for the log's end (ListOffsets) at short intervals while records
-    are recent and growing ones after, resuming once records are past its position.
+    third of a core per agent, and between records under load as much. After `pacer.rest_after_s` without records
+    this consumer pauses its partitions and, at each call, asks for the log's end (ListOffsets) at growing
+    intervals, resuming once records are past its position.
     librdkafka's fetcher sleeps up to a second while every partition is paused and does not notice a resume by
     itself (why an earlier try of pausing stalled partitions for seconds): a request to the leader after the
     resume wakes it. Pausing keeps the position, so a record is late by at most a probe interval, never lost.
@@ -180,13 +180,9 @@ class OrderedConsumer(Consumer):
         self._bell_factory: Callable[[], Bell] | None = None
         self._bell: Bell | None = None
 
-    def listen(self, bell: Callable[[], Bell], every_writer_rings: bool = False) -> None:
-        """Wake at once when `bell()`'s event is set, rather than at the next look (made on the first rest).
-
-        `every_writer_rings`: only tierflow's own agents write these topics, so the looks can be sparse (a safety
-        net); not so for a topic other clients write too (the requests topic)."""
+    def listen(self, bell: Callable[[], Bell]) -> None:
+        """Wake at once when `bell()`'s event is set, rather than at the next look (made on the first rest)."""
         self._bell_factory = bell
-        self.pacer.rung = every_writer_rings
 
     def close(self) -> None:
         if self._bell is not None:

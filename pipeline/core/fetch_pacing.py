@@ -5,9 +5,8 @@ librdkafka consumer costs nothing. A broker that answers at once (the embedded n
 into a busy loop whenever it has caught up: measured, one such consumer and the broker's side of it took a whole
 core, and an idle `tierflow up` both cores of a 2-core machine. So the consumer paces itself: while records flow it
 fetches freely (`hot`); after `rest_after_s` without any it pauses its partitions (no fetches at all) and asks the
-broker for the log's end instead, one cheap request (a ListOffsets costs ~0.16 ms of CPU, both sides) every
-`first_s` while records came within `warm_s` (`rung_s` where doorbells wake it, the probe only a safety net), then
-at intervals doubling up to `max_s`; records past its position wake it. Every `recheck_s` it looks regardless,
+broker for the log's end instead, one cheap request (a ListOffsets costs ~0.16 ms of CPU, both sides) at intervals
+doubling from `first_s` up to `max_s`; records past its position wake it. Every `recheck_s` it looks regardless,
 whatever the ends said (a safety net: a record is late by at most that, never lost, since pausing and resuming keep
 the position).
 
@@ -33,8 +32,6 @@ class FetchPacer:
 
     rest_after_s: float = 0.5
     first_s: float = 0.004
-    rung_s: float = 0.02  # the warm interval when every writer rings (doorbells): probes are only a safety net
-    warm_s: float = 0.5
     max_s: float = 0.1
     recheck_s: float = 2.0
 
@@ -44,7 +41,6 @@ class FetchPacer:
         self._interval = self.first_s
         self._next_probe = 0.0
         self._recheck_at = 0.0
-        self.rung = False  # every writer of this consumer's topics rings a doorbell that wakes it
 
     def got(self, now: float) -> None:
         """Records arrived (or something else says the consumer should be awake): stay hot from `now`."""
@@ -75,13 +71,8 @@ class FetchPacer:
         self._recheck_at = now + self.recheck_s
 
     def probed(self, now: float) -> None:
-        """A probe found nothing new: the next one comes after `first_s` while records came within `warm_s` (under
-        load, the next is due soon), else after twice the last interval, up to `max_s`."""
-        warm = now - self._last_data < self.warm_s
-        if warm:
-            self._interval = max(self.first_s, self.rung_s) if self.rung else self.first_s
-        else:
-            self._interval = min(self._interval * 2.0, self.max_s)
+        """A probe found nothing new: the next one waits twice as long, up to `max_s`."""
+        self._interval = min(self._interval * 2.0, self.max_s)
         self._next_probe = now + self._interval
 
     def wait_s(self, now: float) -> float:
