@@ -8,6 +8,7 @@ expected offset. Elsewhere the consumer is a plain one (a Kafka transaction mark
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Message, Producer, TopicPartition
 from bench.ordering import Writers
 from pipeline.adapters.brokers import EmbeddedBroker
 from pipeline.adapters.kafka import OrderedConsumer, make_consumer, topics_of
+from pipeline.adapters.lanes import backfill_consumer_config
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -127,5 +129,46 @@ def test_an_idle_consumer_rests_on_a_broker_that_answers_fetches_at_once_and_wak
             assert [m.value() for m in got] == [f"r{i}".encode()], f"record {i} not delivered in {waited:.1f}s"
             assert waited < 1.0, f"record {i} took {waited:.2f}s to arrive"  # a lost wake-up takes a second or more
             assert not c.pacer.resting
+    finally:
+        c.close()
+
+
+
+def test_a_backfill_lane_that_rests_between_its_batches_gets_every_record(
+        settings_factory: Callable[..., Settings]) -> None:
+    """A backfill lane takes a batch (consume(n, 0)) at most every `replay.gap_ms` while a replay writes its topic;
+    with a short `rest_after` it rests between batches. Pausing drops what the fetcher queued, and librdkafka
+    resumes a partition from the last record it delivered: one that had delivered none resumed from where its
+    fetcher had got to, past the dropped records (measured in the replay test: 663 of 3,000 never answered)."""
+    s = settings_factory(kafka_rest_after_ms=2.0)
+    topic = topics_of(s).answers
+    n, per_s = 3000, 1500.0
+    c = make_consumer(s, f"{s.topic.prefix}lane", rest_max_ms=s.replay.fetch_wait_ms, **backfill_consumer_config(s))
+    assert isinstance(c, OrderedConsumer)
+    c.subscribe([topic])
+
+    def write() -> None:
+        p = Producer(s.kafka_config())
+        start = time.monotonic()
+        for i in range(n):
+            p.produce(topic, str(i).encode(), key=str(i).encode())
+            p.poll(0)
+            time.sleep(max(0.0, start + i / per_s - time.monotonic()))
+        p.flush(10)
+
+    got: list[Message] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not c.assignment() and time.monotonic() < deadline:
+            c.consume(1, 0.1)
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            got += [m for m in c.consume(s.replay.batch, 0) if m.error() is None]
+            time.sleep(s.replay.gap_ms / 1000.0)
+        writer.join()
+        missing = {str(i).encode() for i in range(n)} - {m.value() for m in got}
+        assert not missing, f"{len(missing)} of {n} records never delivered"
     finally:
         c.close()
