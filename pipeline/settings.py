@@ -190,7 +190,10 @@ class HeavyTier(TierSection):
         "auto", description="what runs the heavy encoder: torch (CPU or GPU), or on a CPU ONNX Runtime over an "
                             "export cached under data_dir/models (onnx: fp32; onnx-int8: int8 weights); 'auto': "
                             "torch on a GPU, onnx on a CPU")
-    generator: str | None = Field(None, description="'smollm2', 'http' or a local causal-LM path")
+    generator: str | None = Field(
+        "auto", description="the writer of heavy answers: 'auto' (the packaged Qwen on llama.cpp when installed, as "
+                            "`make demo` installs it, and the heavy model is not echo), 'none' (the pack's policy "
+                            "text), 'qwen', 'smollm2', 'http', a .gguf file or a local causal-LM directory")
 
 
 class MultimodalTier(TierSection):
@@ -390,8 +393,9 @@ class Settings(BaseSettings):
             env["TIERFLOW_FEEDBACK_FETCH_PAUSE_MS"] = str(self.feedback.fetch_pause_ms)
         # The pack and the writer a parent chose (the demo picks the packaged writer when it is installed).
         env["TIERFLOW_DOMAIN"] = self.domain
+        # None is "none" for a child too: unset, the child would take the default, 'auto'.
+        env["TIERFLOW_HEAVY_GENERATOR"] = self.heavy.generator or "none"
         if self.heavy.generator:
-            env["TIERFLOW_HEAVY_GENERATOR"] = self.heavy.generator
             env["TIERFLOW_GENERATOR_TIMEOUT_S"] = str(self.generator.timeout_s)
             if self.generator.threads:
                 env["TIERFLOW_GENERATOR_THREADS"] = str(self.generator.threads)

@@ -30,8 +30,10 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     data_dir = tmp_path_factory.mktemp("stack")
     bootstrap = os.environ.get("TIERFLOW_TEST_BOOTSTRAP")
     redis_url = os.environ.get("TIERFLOW_TEST_REDIS_URL")
+    # heavy_generator none: the writer's seconds a reply belong to the tests about it (test_llama, the demo's), not
+    # to every test whose stack has a heavy tier.
     base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=data_dir,
-                    kafka_bootstrap=bootstrap, redis_url=redis_url)
+                    kafka_bootstrap=bootstrap, redis_url=redis_url, heavy_generator="none")
     stack = Stack(base)
     try:
         stack.start_services()

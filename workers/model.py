@@ -36,6 +36,7 @@ class Prediction:
     fallback: str | None = None  # why a writer's reply was not sent and the template was (None: no writer, or sent)
     oos: float = 0.0  # out-of-scope score, 0..1: how likely the message is none of the known intents' business
     small_talk: bool = False  # chit-chat is the model's top label: answered where it is, never escalated
+    write_ms: float = 0.0  # the writer's time on the batch this item was written in (it waited for all of it)
 
 
 @runtime_checkable

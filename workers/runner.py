@@ -387,14 +387,15 @@ class Worker:
         else:
             text, fallback, handed = pred.answer, pred.fallback, None
         ans = answer(d, self.tier, text, pred.intent, pred.confidence, pred.model, infer_ms, dequeued, produced,
-                     fallback, handed)
+                     fallback, handed, pred.write_ms)
         answer_json, result_json = dump_answer_and_result(
             ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id,
                                 oos, fate.abstained))
         produce(out, self.topics.results, result_json, key)
         timings = ans["timings_ms"]
-        self._observed.append((fate.kind, pred.model, infer_ms, timings["queue"],
-                               float(timings["total"]) if fate.answered else None))
+        # The tier's latency as its SLO sees it: the writer's time apart (it has its own budget; stats.Observed).
+        self._observed.append((fate.kind, pred.model, infer_ms - pred.write_ms, timings["queue"],
+                               max(0.0, float(timings["total"]) - pred.write_ms) if fate.answered else None))
         if fate.abstained:
             self._abstained += 1
         if escalate:

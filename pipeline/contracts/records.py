@@ -206,12 +206,13 @@ def escalation(d: Routed, tier: Tier, intent: str, confidence: float, model: str
 @with_config(_CLOSED)
 class Timings(TypedDict):
     """Where an answer's time went, ms: ingest, the tier topic, inference (light's included when escalated), and
-    from received to produced."""
+    from received to produced; `write`: of inference, the heavy tier's writer's (absent where none wrote)."""
 
     ingest: Ms
     queue: Ms
     inference: Ms
     total: Ms
+    write: NotRequired[Ms]
 
 
 @with_config(_CLOSED)
@@ -275,10 +276,11 @@ class Result(Answer, ResultDetails):
 
 
 def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, model: str, inference_ms: float,
-           dequeued: int, produced: int, fallback: str | None = None, handover: str | None = None) -> Answer:
+           dequeued: int, produced: int, fallback: str | None = None, handover: str | None = None,
+           write_ms: float = 0.0) -> Answer:
     """The answer of `tier` to the routed record `d` (times in epoch ms; `inference_ms` of this stage; `fallback`:
     why a writer's reply was replaced by the template, if it was; `handover`: why the request went to a person,
-    `text` then being the holding message).
+    `text` then being the holding message; `write_ms`: of `inference_ms`, the writer's).
 
     Durations between two hosts' clocks are never negative.
     """
@@ -307,6 +309,8 @@ def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, mod
         "lang": d["features"]["lang"],
         "answered_at": produced,
     }
+    if write_ms > 0:
+        out["timings_ms"]["write"] = round(write_ms, 3)
     if fallback is not None:
         out["fallback"], out["fallback_reason"] = True, fallback
     if handover is not None:

@@ -476,6 +476,10 @@ class Observed:
     degraded: bool
     version: int
     at_ms: int
+    # Received to produced, less the writer's time (`write_ms`): the SLOs and the model scores judge how fast a tier
+    # decides; the heavy tier's writer answers to its own time budget (generator.timeout_s), past which the
+    # template goes out. Judged with the writing in, a 1.5B writer on a CPU (seconds a reply) would shed all heavy
+    # traffic to light, writer and all.
     total_ms: float
     queue_ms: float
     inference_ms: float
@@ -488,6 +492,7 @@ class Observed:
     abstained: bool = False
     handover: bool = False
     handover_reason: str | None = None
+    write_ms: float = 0.0
 
     @classmethod
     def of(cls, rec: Result) -> Observed:
@@ -497,16 +502,19 @@ class Observed:
         stamps = rec.get("timestamps")
         at = rec.get("answered_at") or (stamps.get("produced") if stamps else None) or 0
         label = rec.get("label")
+        write = float(t.get("write") or 0.0)
         return cls(
             request_id=str(rec["request_id"]), tier=str(rec.get("stage") or rec["tier"]), model=str(rec["model"]),
             intent=str(rec["intent"]), confidence=float(rec["confidence"]), final=bool(rec["final"]),
             shadow=bool(rec["shadow"]), escalated=bool(rec["escalated"]), degraded=bool(rec["degraded"]),
-            version=int(rec["threshold_version"]), at_ms=int(at), total_ms=float(t["total"]),
-            queue_ms=float(t["queue"]), inference_ms=float(t["inference"]), batch_size=int(rec["batch_size"]),
+            version=int(rec["threshold_version"]), at_ms=int(at), total_ms=max(0.0, float(t["total"]) - write),
+            queue_ms=float(t["queue"]), inference_ms=max(0.0, float(t["inference"]) - write),
+            batch_size=int(rec["batch_size"]),
             chars=int(feats["chars"]), vip=bool(feats["vip"]), label=str(label) if label else None,
             oos_score=float(rec.get("oos_score") or 0.0), abstained=bool(rec.get("abstained")),
             handover=bool(rec.get("handover")),
             handover_reason=str(rec.get("handover_reason") or "unknown") if rec.get("handover") else None,
+            write_ms=write,
         )
 
 

@@ -21,25 +21,7 @@ from pipeline.contracts.topics import Tier
 from pipeline.ops.devstack import Stack, free_port, port_open, running_stack
 from pipeline.ops.samples import VIP_USER, requests
 from pipeline.settings import Settings
-
-
-def _writer(settings: Settings) -> tuple[str | None, str]:
-    """The heavy tier's writer for the demo: the configured one, else the packaged Qwen when `make writer` installed
-    it; (None, why) otherwise."""
-    if settings.heavy.generator:
-        return settings.heavy.generator, ""
-    import importlib.util
-
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None, "llama-cpp-python is not installed: `make writer`"
-    from pipeline.errors import ConfigError
-    from workers.models.llama import qwen_gguf
-
-    try:
-        qwen_gguf()  # assembled and verified here, before a worker's start-up waits on it
-    except ConfigError as e:
-        return None, str(e)
-    return "qwen", ""
+from workers.models.registry import prepared_writer
 
 
 def wait_ready(stack: Stack, r: redis.Redis, prefix: str, timeout_s: float, console: Console) -> None:
@@ -66,19 +48,18 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
         updates["kafka_port"] = free_port()  # a `tierflow up` may be running: don't fight over its port
     if settings.redis.embedded and port_open("127.0.0.1", settings.redis.port):
         updates["redis_port"] = free_port()
-    writer, why_not = _writer(settings)
-    if writer is not None:
-        updates["heavy_generator"] = writer
-        if "TIERFLOW_GENERATOR_TIMEOUT_S" not in os.environ:
-            # The demo's few heavy messages arrive in one batch, and a 1.5B model on a laptop's CPU writes one
-            # reply in ~5-10 s: give the batch time rather than show templates.
-            updates["generator_timeout_s"] = 120.0
+    writer, why_not = prepared_writer(settings)
+    updates["heavy_generator"] = writer or "none"
+    if writer is not None and "TIERFLOW_GENERATOR_TIMEOUT_S" not in os.environ:
+        # The demo's few heavy messages arrive in one batch, and a 1.5B model on a laptop's CPU writes one
+        # reply in ~5-10 s: give the batch time rather than show templates.
+        updates["generator_timeout_s"] = 120.0
     s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:
         console.print(f"[bold]tierflow demo[/bold]: broker {s.kafka.servers}, Redis {s.redis.address}, "
                       f"logs {stack.log_dir}/; domain {s.domain}; heavy answers "
-                      + (f"written by {s.heavy.generator}" if s.heavy.generator else f"from templates ({why_not})"))
+                      + (f"written by {writer}" if writer else f"from templates ({why_not})"))
         r = make_redis(s, command=True)
         ThresholdStore(r, s.redis.prefix).vip_add(VIP_USER)
         reader = AnswerReader(s)
@@ -88,7 +69,7 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
             answers = _send_and_collect(s, reader, timeout_s, console)
         finally:
             reader.close()
-    _print(console, answers, s.heavy.generator)
+    _print(console, answers, writer)
     missing = [q["id"] for q in requests() if q["id"] not in answers]
     if missing:
         console.print(f"[red]no answer for {', '.join(missing)}[/red]")
@@ -166,7 +147,7 @@ def _how(a: dict[str, Any], writer: str | None) -> str:
     if a.get("fallback"):
         return f"; template: the writer's reply was not sent ({a.get('fallback_reason', '?')})"
     if writer is None:
-        return "; template: no writer (TIERFLOW_HEAVY_GENERATOR unset; `make writer` installs the local one)"
+        return "; template: no writer (TIERFLOW_HEAVY_GENERATOR=none, or the packaged one is not installed)"
     return f"; written by {writer}" if "+" in a["model"] else "; template"
 
 

@@ -267,8 +267,9 @@ class Status:
             self._abstained.append((at, tier))
         if not r.get("final"):
             return
-        timings = r.get("timings_ms")
-        total = float(timings.get("total", 0.0) if timings else 0.0)
+        timings = r.get("timings_ms") or {}
+        # As the SLO sees it: the writer's seconds apart (its own budget; pipeline/core/stats.py, Observed).
+        total = max(0.0, float(timings.get("total", 0.0)) - float(timings.get("write", 0.0)))
         self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")),
                                      bool(r.get("degraded")), bool(r.get("handover"))))
         self._last_answer[tier] = max(at, self._last_answer.get(tier, 0))

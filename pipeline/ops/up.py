@@ -21,6 +21,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.data is not None:
         s = s.updated(data_dir=args.data, embedded_durable=True)
     setup_logging(s)
+    from workers.models.registry import prepared_writer
+
+    writer, why_not = prepared_writer(s)  # settled once here: each restart of the heavy worker reuses it
+    s = s.updated(heavy_generator=writer or "none")
     stopping = threading.Event()
     stop_on_signals(stopping.set)
     ports = agent_metrics_ports(s.metrics_port, s)
@@ -33,7 +37,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             failure = _dead_agent(stack) if not stopping.is_set() else None
             stopping.set()
         else:
-            print_endpoints(s, stack.log_dir, ports, took)
+            print_endpoints(s, stack.log_dir, ports, took, why_not)
         restarts: dict[str, list[float]] = {}
         crashed_at: dict[str, list[str]] = {}  # where each agent's batch started when it died, oldest first
         agents = dict(agents_of(s))
@@ -123,7 +127,8 @@ def _stack_line(s: Settings) -> str:
     return f"{kafka}, redis {scrub(s.redis.address)}" + (" (embedded valkey)" if s.redis.embedded else "")
 
 
-def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float]) -> None:
+def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dict[str, float],
+                    no_writer: str = "") -> None:
     from pipeline.adapters.brokers import embedded_broker
     from pipeline.logs import scrub
 
@@ -148,6 +153,10 @@ def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dic
     lines.append(f"  cores   {cpus} (TIERFLOW_CPUS) shared by the models: "
                  + ", ".join(f"{n} {t}" for n, t in budget.items() if n.startswith("worker") or n == "trainer")
                  + " threads")
+    writer = s.heavy.generator if s.heavy.generator not in (None, "", "none") else None
+    lines.append(f"  writer  {writer} writes heavy answers (time budget {s.generator.timeout_s:g} s a batch; "
+                 "the policy text when it runs out)" if writer else
+                 f"  writer  none: heavy answers are the policy text ({no_writer or 'TIERFLOW_HEAVY_GENERATOR=none'})")
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))
     lines += [f"  logs    {log_dir}/", f"  topics  {s.topic.prefix}*"]

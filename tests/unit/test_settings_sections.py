@@ -62,7 +62,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_LIGHT_ZH_MODEL': 'charngram_zh',  # added after the pin (issue 33: a Chinese light model)
     'TIERFLOW_DOMAIN': 'ecommerce',
     'TIERFLOW_ARTIFACTS_DIR': None,
-    'TIERFLOW_HEAVY_GENERATOR': None,
+    'TIERFLOW_HEAVY_GENERATOR': 'auto',  # was None (no writer) until issue 34 put the writer on by default
     'TIERFLOW_GENERATOR_MAX_NEW_TOKENS': 160,
     'TIERFLOW_GENERATOR_GGUF_FILE': None,
     'TIERFLOW_GENERATOR_TIMEOUT_S': 30.0,

@@ -61,7 +61,7 @@ def language_name(lang: str) -> str:
 
 
 def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
-    """The chat prompt for one request: the intent, the reference answer and the customer's message."""
+    """The chat prompt for one request: the intent, the reference answer, its key facts and the customer's message."""
     language = language_name(req.lang)
     system = (
         f"You are a customer-service assistant for {req.business}. "
@@ -76,6 +76,9 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
         user += f"Our policy for this topic: {req.reference}\n"
     if req.also:
         user += f"The message also raises this; our policy: {req.also}\n"
+    if req.facts:
+        user += "Your reply must contain each of these, exactly as written: " + \
+            ", ".join(f'"{spellings[0]}"' for spellings in req.facts if spellings) + "\n"
     user += f"Write a short, helpful reply to the customer in {language}."
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 

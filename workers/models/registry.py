@@ -63,12 +63,40 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
         main = LiveLightModel(cast(CharNgramClassifier, main), settings)  # learned versions, hot-swapped
     zh = _chinese_model(zh_name, settings, tier) if zh_name else None
     model = main if zh is None else ByScript(main, zh)
-    if tier is Tier.HEAVY and settings.heavy.generator:
+    writer, why_not = writer_choice(settings) if tier is Tier.HEAVY else (None, "")
+    if writer is not None:
         from workers.domains import load_domain
         from workers.models.generator import with_generator
 
-        model = with_generator(model, generator_from_settings(settings), load_domain(settings.domain))
+        model = with_generator(model, generator_from_settings(settings.updated(heavy_generator=writer)),
+                               load_domain(settings.domain))
+    elif tier is Tier.HEAVY:
+        log.info("heavy answers are the pack's policy text: %s", why_not)
     return model
+
+
+NO_WRITER = ("", "none")
+
+
+def writer_choice(settings: Settings) -> tuple[str | None, str]:
+    """The writer of the heavy tier's answers (`heavy.generator`, 'auto' resolved), or (None, why there is none).
+
+    'auto' is the packaged Qwen when its runtime and weights are installed (`make demo`'s install), unless the heavy
+    model is echo: an echo stack (tests, pipeline benchmarks) measures the pipeline, and has no intent to write to.
+    """
+    choice = settings.heavy.generator
+    if choice is None or choice in NO_WRITER:
+        return None, "TIERFLOW_HEAVY_GENERATOR=none"
+    if choice != "auto":
+        return choice, ""
+    if settings.heavy.model == "echo":
+        return None, "the heavy model is echo"
+    if importlib.util.find_spec("xllamacpp") is None:
+        return None, "xllamacpp is not installed (make demo installs it)"
+    from workers.models.llama import qwen_installed
+
+    why = qwen_installed()
+    return ("qwen", "") if why is None else (None, why)
 
 
 def zh_model_name(settings: Settings, tier: Tier) -> str | None:
@@ -95,18 +123,33 @@ def _chinese_model(name: str, settings: Settings, tier: Tier) -> InferenceModel 
         return build(settings.zh_model, settings, tier) if settings.zh_model else None
 
 
+def prepared_writer(settings: Settings) -> tuple[str | None, str]:
+    """`writer_choice`, with the packaged Qwen's GGUF assembled and verified here (~20 s the first time), for a
+    parent (`tierflow up`, the demo) to settle before its heavy worker's start-up waits on it."""
+    writer, why_not = writer_choice(settings)
+    if writer == "qwen":
+        from workers.models.llama import qwen_gguf
+
+        try:
+            qwen_gguf()
+        except ConfigError as e:
+            return None, str(e)
+    return writer, why_not
+
+
 def generator_from_settings(settings: Settings) -> Generator:
-    """The generator `settings.heavy.generator` names: 'qwen' (the packaged Qwen2.5-Coder-1.5B on llama.cpp),
+    """The generator `settings.heavy.generator` names (after `writer_choice`): 'qwen' (the packaged
+    Qwen2.5-Coder-1.5B on llama.cpp),
     'smollm2', 'http', a `.gguf` file (llama.cpp when installed, else transformers) or a model directory."""
     choice = settings.heavy.generator
     g = settings.generator
-    if not choice:
-        raise ConfigError("heavy_generator is not set")
+    if not choice or choice in (*NO_WRITER, "auto"):
+        raise ConfigError(f"heavy_generator={choice!r} names no writer (writer_choice resolves 'auto')")
     if choice == "http":
         from workers.models.http import OpenAIChatClassifier
 
         return OpenAIChatClassifier.from_settings(settings)
-    if choice == "qwen" or (choice.endswith(".gguf") and importlib.util.find_spec("llama_cpp") is not None):
+    if choice == "qwen" or (choice.endswith(".gguf") and importlib.util.find_spec("xllamacpp") is not None):
         from workers.models.llama import LlamaCppGenerator, qwen_gguf
 
         path = qwen_gguf() if choice == "qwen" else choice

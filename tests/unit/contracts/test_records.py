@@ -186,7 +186,7 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
     d = fast_routed(orjson.dumps({**ROUTED, "request": {**ROUTED["request"], "label": "reset_pin"}}))
     assert d is not None
     a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 1.2, "light-m", 0.4567, 10, 20, fallback="timeout",
-               handover="out_of_scope")
+               handover="out_of_scope", write_ms=0.2)
     answer_json, result_json = dump_answer_and_result(
         a, result_details(d, Tier.LIGHT, True, 10, 15, 20, 3, "w-1", oos_score=0.91, abstained=True))
     ans, res = orjson.loads(answer_json), orjson.loads(result_json)
@@ -195,7 +195,7 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
     expected = {
         "request_id": "r1", "user_id": "u1", "answer": "Here is how.", "intent": "reset_pin", "confidence": 1.0,
         "tier": "light", "model": "light-m", "escalated": False, "degraded": False, "route_reason": "short",
-        "timings_ms": {"ingest": 1, "queue": 8, "inference": 0.457, "total": 19}, "replay": False,
+        "timings_ms": {"ingest": 1, "queue": 8, "inference": 0.457, "total": 19, "write": 0.2}, "replay": False,
         "threshold_version": 1, "lang": "en", "answered_at": 20, "fallback": True, "fallback_reason": "timeout",
         "handover": True, "handover_reason": "out_of_scope",
     }

