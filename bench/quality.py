@@ -53,6 +53,7 @@ from bench.common import ROOT, write_section
 from pipeline.agents.feedback import agg_config, controller_config
 from pipeline.contracts.topics import Tier
 from pipeline.core.controller import ControllerState, Decision, applied, decide
+from pipeline.core.features import routed_length
 from pipeline.core.stats import Aggregator
 from pipeline.core.thresholds import Thresholds
 from pipeline.settings import FeedbackSection, HeartbeatSection, Settings
@@ -527,7 +528,7 @@ def evaluate(texts: Sequence[str], intents: Sequence[str], scored: Scored, boots
     lp, hp = scored.light_probs, scored.heavy_probs
     light_correct = (lp.argmax(axis=1) == y).astype(np.float64)
     heavy_correct = (hp.argmax(axis=1) == y).astype(np.float64)
-    lengths = np.array([len(t) for t in texts], dtype=np.int64)
+    lengths = np.array([routed_length(t) for t in texts], dtype=np.int64)  # what ingest routes on
     scores = router_scores(lp)
     curves = {name: cascade_curve(light_correct, heavy_correct, s) for name, s in scores.items()}
     length_curve = cascade_curve(light_correct, heavy_correct, -lengths.astype(np.float64))

@@ -133,6 +133,7 @@ class Features(BaseModel):
     question: bool
     complaint: bool
     urgent: bool
+    length: Count | None = None  # English-equivalent characters (records.Features); None in older records
 
 
 class EscalatedFrom(BaseModel):

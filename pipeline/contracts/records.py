@@ -79,6 +79,9 @@ class Features(TypedDict):
     question: bool
     complaint: bool
     urgent: bool
+    # The length routing compares with `length_threshold`, in English-equivalent characters: a Han, kana or hangul
+    # character counts WIDE_CHAR_WEIGHT (pipeline/core/features.py). Absent from records written before it: `chars`.
+    length: NotRequired[Count]
 
 
 class EscalatedFrom(TypedDict):
@@ -154,7 +157,7 @@ def dump_routed(raw_request: bytes, fields: RoutedFields) -> bytes:
 
 
 _FEATURES_JSON = (b'{"chars":%d,"tokens":%d,"script":%b,"lang":%b,"has_image":%b,"image_bytes":%d,"vip":%b,'
-                  b'"question":%b,"complaint":%b,"urgent":%b}')
+                  b'"question":%b,"complaint":%b,"urgent":%b,"length":%d}')
 _JSON_BOOL = (b"false", b"true")  # indexed by a bool
 _SCRIPT_JSON = {s: orjson.dumps(s) for s in get_args(Script)}
 _LANG_JSON = {s: orjson.dumps(s) for s in ("en", "zh", "other", "ja", "ko", "fr", "de", "es")}
@@ -185,7 +188,7 @@ class RoutedBatch:
         return _FEATURES_JSON % (f["chars"], f["tokens"], _SCRIPT_JSON.get(f["script"]) or orjson.dumps(f["script"]),
                                  _LANG_JSON.get(lang) or orjson.dumps(lang), _JSON_BOOL[f["has_image"]],
                                  f["image_bytes"], _JSON_BOOL[f["vip"]], _JSON_BOOL[f["question"]],
-                                 _JSON_BOOL[f["complaint"]], _JSON_BOOL[f["urgent"]])
+                                 _JSON_BOOL[f["complaint"]], _JSON_BOOL[f["urgent"]], f.get("length", f["chars"]))
 
     def dump(self, raw_request: bytes, features_json: bytes, received_ms: int, route: bytes) -> bytes:
         return b"".join((b'{"request":', raw_request, b',"features":', features_json, b',"received_ms":',
@@ -485,7 +488,8 @@ def _plain_request(d: dict[str, Any]) -> bool:
 # The schema requires replay and shadow: the fast path too. Escalations take the full model.
 _ROUTED_REQUIRED = Routed.__required_keys__
 _ROUTED_FAST_KEYS = frozenset(Routed.__annotations__) - {"escalated_from"}
-_FEATURE_TYPES = tuple((k, int if k in ("chars", "tokens", "image_bytes") else str if k in ("script", "lang") else bool)
+_FEATURE_TYPES = tuple((k, int if k in ("chars", "tokens", "image_bytes", "length") else str if k in ("script", "lang")
+                        else bool)
                        for k in Features.__annotations__)
 _FEATURE_KEYS = frozenset(Features.__annotations__)
 _SCRIPTS = frozenset(get_args(Script))
@@ -512,6 +516,7 @@ def fast_routed(raw: bytes) -> Routed | None:
         if type(f[k]) is not t:
             return None
     if (f["script"] not in _SCRIPTS or not 0 <= f["chars"] <= MAX_INT64 or not 0 <= f["tokens"] <= MAX_INT64
+            or not 0 <= f["length"] <= MAX_INT64
             or not 0 <= f["image_bytes"] <= MAX_INT64 or d["tier"] not in _TIERS or type(d["route_reason"]) is not str
             or type(d["degraded"]) is not bool):
         return None

@@ -1,8 +1,8 @@
 """Pure routing: (features, thresholds, health) -> Route. Each rule names itself in `reason`.
 
-Rules, first match wins: image -> multimodal; VIP -> heavy; longer than `length_threshold` characters
--> heavy; otherwise light. Heavy-bound traffic goes to light while the heavy tier is unhealthy
-(`degraded=True`, reason suffixed with why). Escalation of unsure light answers is the worker's
+Rules, first match wins: image -> multimodal; VIP -> heavy; longer than `length_threshold` (English-equivalent
+characters: features' `length`) -> heavy; otherwise light. Heavy-bound traffic goes to light while the heavy tier is
+unhealthy (`degraded=True`, reason suffixed with why). Escalation of unsure light answers is the worker's
 half of the cascade; its threshold (`escalate_below`) travels with each routed message.
 """
 
@@ -51,7 +51,7 @@ def route(features: Features, length_threshold: int, health: TierHealth = HEALTH
         return _IMAGE
     if features["vip"]:
         wanted = "vip"
-    elif features["chars"] > length_threshold:
+    elif features.get("length", features["chars"]) > length_threshold:
         wanted = "length"
     else:
         return _SHORT

@@ -484,7 +484,7 @@ class Observed:
     queue_ms: float
     inference_ms: float
     batch_size: int
-    chars: int
+    chars: int  # the routed length (features `length`, English-equivalent characters; `chars` in older records)
     vip: bool
     label: str | None
     # issue 20; absent from older workers' records: a score of 0 that never abstained nor handed over
@@ -510,7 +510,7 @@ class Observed:
             version=int(rec["threshold_version"]), at_ms=int(at), total_ms=max(0.0, float(t["total"]) - write),
             queue_ms=float(t["queue"]), inference_ms=max(0.0, float(t["inference"]) - write),
             batch_size=int(rec["batch_size"]),
-            chars=int(feats["chars"]), vip=bool(feats["vip"]), label=str(label) if label else None,
+            chars=int(feats.get("length", feats["chars"])), vip=bool(feats["vip"]), label=str(label) if label else None,
             oos_score=float(rec.get("oos_score") or 0.0), abstained=bool(rec.get("abstained")),
             handover=bool(rec.get("handover")),
             handover_reason=str(rec.get("handover_reason") or "unknown") if rec.get("handover") else None,

@@ -15,7 +15,7 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nxxxx").decode()
 ROUTED: dict[str, Any] = {
     "request": {"id": "r1", "text": "How do I reset my PIN?", "user_id": "u1", "ts": 5},
     "features": {"chars": 22, "tokens": 7, "script": "en", "lang": "en", "has_image": False, "image_bytes": 0,
-                 "vip": False, "question": True, "complaint": False, "urgent": False},
+                 "vip": False, "question": True, "complaint": False, "urgent": False, "length": 22},
     "tier": "light", "route_reason": "short", "degraded": False, "threshold_version": 1, "escalate_below": 0.5,
     "received_ms": 1, "ingested_ms": 2, "replay": False, "shadow": False,
 }

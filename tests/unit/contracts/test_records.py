@@ -140,7 +140,7 @@ def test_the_features_writer_is_orjson_whatever_the_values(chars: int, tokens: i
     has_image, vip, question, complaint, urgent = flags
     f: Features = {"chars": chars, "tokens": tokens, "script": script, "lang": lang, "has_image": has_image,
                    "image_bytes": image_bytes, "vip": vip, "question": question, "complaint": complaint,
-                   "urgent": urgent}
+                   "urgent": urgent, "length": chars * 3}
     assert list(f) == list(Features.__annotations__)
     assert RoutedBatch.features(f) == orjson.dumps(f)
 

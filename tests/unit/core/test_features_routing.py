@@ -59,10 +59,23 @@ def test_rules_in_order() -> None:
     assert (r.tier, r.reason) == (Tier.LIGHT, "short")
 
 
-def test_length_threshold_counts_chinese_characters() -> None:
-    zh = "我" * 51
+def test_length_threshold_counts_a_chinese_character_as_three_english_ones() -> None:
+    zh = "我" * 17  # 51 English-equivalent characters
+    assert feats(zh)["chars"] == 17 and feats(zh)["length"] == 51
     assert route(feats(zh), 50).tier is Tier.HEAVY
-    assert route(feats(zh[:50]), 50).tier is Tier.LIGHT
+    assert route(feats(zh[:16]), 50).tier is Tier.LIGHT
+    # the design article's example of a message for the large model, and a longer one: heavy, as in English
+    for text in ("我买的手机屏幕碎了，发票找不到了，能保修吗？",
+                 "我上个月在你们店买的手机，屏幕昨天摔碎了，纸质发票也找不到了，请问还能保修吗？维修要多少钱？"):
+        assert route(feats(text), 50) is route(feats("x" * 51), 50)
+    assert route(feats("我的订单在哪里？"), 50).tier is Tier.LIGHT
+    mixed = "iPhone 15 屏幕碎了"  # Latin counts 1 a character, Han 3
+    assert feats(mixed)["length"] == len("iPhone 15 ") + 3 * 4
+
+
+def test_a_record_written_before_length_is_routed_on_its_chars() -> None:
+    old = {k: v for k, v in feats("x" * 51).items() if k != "length"}
+    assert route(old, 50).tier is Tier.HEAVY  # type: ignore[arg-type]
 
 
 def test_degradation_sends_heavy_bound_traffic_to_light() -> None:
