@@ -31,7 +31,8 @@ from pipeline.settings import Settings
 from workers.domains import load_domain
 from workers.model import Item, checked_predict
 from workers.models.generator import GeneratedAnswers, unsendable
-from workers.models.prompts import in_language, missing_facts
+from workers.models.llama import LlamaCppGenerator
+from workers.models.prompts import SENTENCE_END, in_language, missing_facts
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Reply:
     reason: str | None  # why the guard would not send it; None: sent
     missing: list[str]
     seconds: float
+    first_sentence_s: float | None  # until the streamed reply held its first whole sentence (streaming writers)
 
 
 def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: int, timeout_s: float,
@@ -58,17 +60,30 @@ def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: in
     model = GeneratedAnswers(classifier, gen, load_domain("ecommerce"))
     model.setup("cpu")
     out = []
+    streams = isinstance(gen, LlamaCppGenerator)
     for m in messages:
         item = Item(m["text"], m["lang"])
         pred = checked_predict(classifier, [item])[0]
         req = model.request_for(item, pred)
+        first: list[float] = []
         t0 = time.perf_counter()
-        text = gen.generate([req])[0]
+
+        def on_text(_: int, so_far: str, first: list[float] = first, t0: float = t0) -> None:
+            if not first and SENTENCE_END.search(so_far):
+                first.append(time.perf_counter() - t0)
+
+        text = (gen.generate([req], on_text=on_text) if streams else gen.generate([req]))[0]
         took = time.perf_counter() - t0
         reason = unsendable(text, req)
         missing = [req.facts[i][0] for i in missing_facts(text, req.facts)] if text.strip() else []
-        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, took))
+        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, took,
+                         first[0] if first else None))
     return out
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def table(backend: str, replies: Sequence[Reply]) -> list[str]:
@@ -81,14 +96,15 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
         right_lang = sum(in_language(r.text, r.lang) for r in nonempty)
         facts = sum(not r.missing for r in nonempty)
         reasons = Counter(r.reason for r in rs if r.reason)
-        secs = sorted(r.seconds for r in rs)
-        p95 = secs[min(len(secs) - 1, round(0.95 * (len(secs) - 1)))]
+        secs = [r.seconds for r in rs]
+        firsts = [r.first_sentence_s for r in rs if r.first_sentence_s is not None]
+        first = f"{statistics.median(firsts):.1f} s / {_p(firsts, 0.95):.1f} s" if firsts else "-"
         lines.append(
             f"| {backend} | {lang} | {len(rs)} | {sum(r.predicted == r.intent for r in rs) / len(rs):.0%} | "
             f"{len(rs) - len(nonempty)} | {right_lang / max(1, len(nonempty)):.0%} | "
             f"{facts / max(1, len(nonempty)):.0%} | {sum(r.reason is None for r in rs) / len(rs):.0%} | "
-            f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} | "
-            f"{statistics.median(secs):.1f} s | {p95:.1f} s |")
+            f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} | {first} | "
+            f"{statistics.median(secs):.1f} s | {_p(secs, 0.95):.1f} s |")
     return lines
 
 
@@ -112,8 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     half = args.n // 2
     messages = [r for r in rows if r["lang"] == "en"][:half] + [r for r in rows if r["lang"] == "zh"][:half]
     lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
-             "raw replies keeping every key fact | sent as written | fallbacks (reason) | p50 | p95 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "raw replies keeping every key fact | sent as written | fallbacks (reason) | first sentence p50 / p95 | "
+             "whole reply p50 | p95 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     failures: list[str] = []
     samples: list[str] = []
     for backend in [b.strip() for b in args.backend.split(",") if b.strip()]:
@@ -130,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"on), each as a heavy-routed message, one at a time, on the CPU with {args.threads} threads. Token budget "
         f"{budget}, time budget "
         f"{timeout:.0f} s per call (`TIERFLOW_GENERATOR_MAX_NEW_TOKENS`, `TIERFLOW_GENERATOR_TIMEOUT_S`). "
-        f"Latency: the writer's time per reply (the classifier's is in the accuracy section); load average "
+        f"Latency: the writer's time per reply (the classifier's is in the accuracy section); first sentence: "
+        f"until the streamed reply held its first whole sentence (what a chat widget shows first); load average "
         f"{os.getloadavg()[0]:.1f} at the end.",
         "", *lines, "",
         "Sent answers are all in the customer's language and keep every key fact: the guard sends the template "

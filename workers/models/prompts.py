@@ -23,7 +23,7 @@ _ECHOED_LABEL = re.compile(r"^(customer message|reply|answer|assistant)\s*:\s*",
 _SALUTATION = re.compile(r"^[^\n.?。？]{0,40}[,:，：!！]$")
 # A template slot the model left unfilled, with the space before it: "Hello [Name], ..." -> "Hello, ...".
 _PLACEHOLDER = re.compile(r"\s*\[[^\]\n]{1,40}\]")
-_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
+SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,7 @@ def tidy(text: str) -> str:
         paragraphs.pop(0)
     text = _PLACEHOLDER.sub("", paragraphs[0] if paragraphs else "").strip()
     text = _ECHOED_LABEL.sub("", text).strip().strip('"').strip()  # a prompt label parroted back
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    ends = [m.end() for m in SENTENCE_END.finditer(text)]
     # Drop the unfinished tail only when a whole sentence stays; half a reply beats none.
     if ends and ends[-1] < len(text):
         text = text[: ends[-1]].rstrip()
