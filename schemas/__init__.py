@@ -7,7 +7,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-KINDS = ("request", "routed", "result", "answer", "dlq", "label", "handover")
+KINDS = ("request", "routed", "result", "answer", "answer_draft", "dlq", "label", "handover")
 
 
 @cache

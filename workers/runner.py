@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
@@ -42,6 +42,7 @@ from pipeline.contracts.models import RoutedRequest, decode_model
 from pipeline.contracts.records import (
     Routed,
     answer,
+    answer_draft,
     dump_answer_and_result,
     escalation,
     fast_routed,
@@ -55,6 +56,7 @@ from pipeline.settings import Settings
 from workers.batching import collect_batch
 from workers.domains import load_domain
 from workers.model import InferenceModel, Item, Prediction, checked_predict
+from workers.models.generator import GeneratedAnswers
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,9 @@ class Worker:
         self.book = load_domain(settings.domain).answers
         self.heartbeat: Heartbeat | None = announced
         self._stop = threading.Event()
+        # Drafts of written answers (tierflow.answers.drafts): a producer of their own, outside the transactions,
+        # made on the first draft: only a heavy worker with a streaming writer ever publishes one.
+        self._drafts: Producer | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -240,6 +245,8 @@ class Worker:
             READINESS.release(self.readiness)
             self.heartbeat.stop()
             self.producer.flush(self.s.flush_timeout_s)
+            if self._drafts is not None:
+                self._drafts.flush(self.s.flush_timeout_s)
             self.dlq.flush(self.s.flush_timeout_s)
             self.consumer.close()
             self.backfill.close()
@@ -345,6 +352,7 @@ class Worker:
             step = self.max_batch
             return [p for i in range(0, len(routed), step) for p in self._predict(routed[i:i + step])]
         items = [it for _, _, it in routed]
+        self._drafting(routed)
         try:
             return list(checked_predict(self.model, items))
         except Exception as e:  # noqa: BLE001 - any backend failure falls back to per-item retries
@@ -360,6 +368,30 @@ class Worker:
                 self._dead(msg, "model_error", f"{self.model.name}: {e.__class__.__name__}: {e}")
                 out.append(None)
         return out
+
+    def _drafting(self, routed: list[tuple[Message, Routed, Item]]) -> None:
+        """Point the writer's drafts for this batch at tierflow.answers.drafts (live requests only: nobody waits on
+        a replay's or a shadow's answer)."""
+        model = self.model
+        if not isinstance(model, GeneratedAnswers):
+            return
+        seqs: dict[int, int] = {}
+
+        def publish(i: int, text: str) -> None:
+            msg, d, _ = routed[i]
+            if d["replay"] or d["shadow"]:
+                return
+            if self._drafts is None:
+                self._drafts = make_output_producer(self.s, **{"linger.ms": 0})
+            seq = seqs[i] = seqs.get(i, -1) + 1
+            try:
+                self._drafts.produce(self.topics.answer_drafts, orjson.dumps(answer_draft(d, seq, text, _now_ms())),
+                                     msg.key())
+                self._drafts.poll(0)
+            except (BufferError, KafkaException) as e:  # best effort: the answer itself is what must arrive
+                log.warning("%s: draft of %s not published (%s)", self.worker_id, d["request"]["id"], e)
+
+        model.on_draft = publish
 
     def _emit(self, out: Producer, msg: Message, d: Routed, pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:

@@ -413,6 +413,34 @@ def handover(d: Routed, a: Answer, oos_score: float) -> Handover:
     }
 
 
+@with_config(_CLOSED)
+class AnswerDraft(TypedDict):
+    """A written answer so far (schemas/answer_draft.v1.json), on tierflow.answers.drafts: the heavy tier's writer
+    publishes one each time its reply completes a sentence, for a chat widget to show at once. Best effort and
+    outside the worker's transaction (a draft waiting for the batch's commit would come after the answer); the
+    final answer, exactly once, is the one on tierflow.answers, and may differ (the template, when the guard does
+    not send the written reply)."""
+
+    request_id: Annotated[str, Field(min_length=1, max_length=128)]
+    user_id: str | None
+    seq: Annotated[int, Field(ge=0)]  # 0, 1, ...: each draft holds the whole text so far, the last one the most
+    text: str
+    lang: str
+    at: EpochMs
+
+
+def answer_draft(d: Routed, seq: int, text: str, at_ms: int) -> AnswerDraft:
+    """Draft `seq` of the written answer to `d`: `text`, the reply so far."""
+    req = d["request"]
+    return {"request_id": req["id"], "user_id": req.get("user_id"), "seq": seq, "text": text,
+            "lang": d["features"]["lang"], "at": at_ms}
+
+
+def answer_draft_of(raw: bytes | None) -> AnswerDraft | None:
+    """The one reader of tierflow.answers.drafts (fields read as `answer_of` says)."""
+    return _object(raw)  # type: ignore[return-value]
+
+
 def handover_of(raw: bytes | None) -> Handover | None:
     """The one reader of tierflow.handover (fields read as `answer_of` says)."""
     return _object(raw)  # type: ignore[return-value]

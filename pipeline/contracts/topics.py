@@ -33,6 +33,12 @@ class Topics:
         return f"{self.prefix}answers"
 
     @property
+    def answer_drafts(self) -> str:
+        """Written answers as the heavy tier's writer writes them (schemas/answer_draft.v1.json), a sentence at a
+        time, for a chat widget to show at once; the one final answer is on `answers`."""
+        return f"{self.prefix}answers.drafts"
+
+    @property
     def dlq(self) -> str:
         return f"{self.prefix}dlq"
 
@@ -64,6 +70,7 @@ class Topics:
             *(self.tier(t) for t in Tier),
             self.results,
             self.answers,
+            self.answer_drafts,
             self.dlq,
             self.labels,
             self.handover,
@@ -100,6 +107,7 @@ def topic_specs(
         topics.dlq: 30 * _DAY_MS,  # operators need time to inspect dead letters
         topics.labels: 30 * _DAY_MS,
         topics.handover: 30 * _DAY_MS,  # a desk that was closed for the weekend still finds Friday's
+        topics.answer_drafts: 3600 * 1000,  # a draft matters while its answer is being written
     }
     specs = []
     for name in topics.all():

@@ -245,6 +245,8 @@ class LlamaCppGenerator:
     """Greedy generation with a GGUF model in llama.cpp (xllamacpp's in-process server), one request after
     another, within a time budget."""
 
+    streams = True  # generate(..., on_text=) hands out each reply as it is written (prompts.StreamingGenerator)
+
     def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
                  threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048) -> None:
         """`timeout_s`: the wall-clock budget of one `generate` call, in seconds; requests it does not reach get "".

@@ -8,7 +8,7 @@ each other.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -52,6 +52,18 @@ class Generator(Protocol):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         """One reply per request, in order."""
+        ...
+
+
+class StreamingGenerator(Generator, Protocol):
+    """A generator that can hand out each reply as it is written: it says so with `streams = True` (a protocol's
+    isinstance checks names, not signatures)."""
+
+    streams: bool
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 on_text: Callable[[int, str], None] | None = None) -> list[str]:
+        """One reply per request, in order; `on_text(i, reply so far)` as request i's reply grows."""
         ...
 
 

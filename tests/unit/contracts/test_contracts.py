@@ -99,7 +99,8 @@ def test_the_result_record_and_schema_agree(changes: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("record", "kind"), [(records.Answer, "answer"), (records.Result, "result"),
-                                              (records.Routed, "routed"), (records.RequestRecord, "request")])
+                                              (records.Routed, "routed"), (records.RequestRecord, "request"),
+                                              (records.AnswerDraft, "answer_draft")])
 def test_record_keys_are_the_schema_properties(record: Any, kind: str) -> None:
     """A field added to the record but not the schema, or the other way round, fails here."""
     props, required = fields_of(kind)

