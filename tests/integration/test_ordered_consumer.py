@@ -134,12 +134,18 @@ def test_an_idle_consumer_rests_on_a_broker_that_answers_fetches_at_once_and_wak
 
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="a known defect of a short rest (not the default 500 ms): under CPU load the "
+                   "lane starves (2,969 of 3,000 undelivered in 60 s, the noida pass of 2026-12-05 with benchmarks "
+                   "beside it; 3 of 3 passed on a quiet machine). pipeline/core/fetch_pacing.py says what is known")
 def test_a_backfill_lane_that_rests_between_its_batches_gets_every_record(
         settings_factory: Callable[..., Settings]) -> None:
     """A backfill lane takes a batch (consume(n, 0)) at most every `replay.gap_ms` while a replay writes its topic;
     with a short `rest_after` it rests between batches. Pausing drops what the fetcher queued, and librdkafka
     resumes a partition from the last record it delivered: one that had delivered none resumed from where its
-    fetcher had got to, past the dropped records (measured in the replay test: 663 of 3,000 never answered)."""
+    fetcher had got to, past the dropped records (measured in the replay test: 663 of 3,000 never answered).
+
+    The reproducer of that defect, kept out of `make test` (slow) until it is fixed: `make test-all` runs it."""
     s = settings_factory(kafka_rest_after_ms=2.0)
     topic = topics_of(s).answers
     n, per_s = 3000, 1500.0
