@@ -288,7 +288,10 @@ def main() -> None:
         article[runtime] = with_article(runtime, lambda port, pid: (
             article_run(port, pid, cases, n, None), article_run(port, pid, cases, steady, args.rate)))
 
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench-article"))
+    # The writer off: the article's service answers with the policy text, and so must tierflow here, for the same
+    # models to be compared (the writer's cost is bench.generation's).
+    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench-article"),
+                    heavy_generator="none")
     with running_stack(base) as stack:
         if wait_agents_ready(stack) is None:
             raise SystemExit(f"tierflow up did not become ready; logs in {stack.log_dir}")
