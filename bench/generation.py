@@ -114,9 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=100, help="messages, half English, half Chinese")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="the writer's token budget (the setting's)")
     ap.add_argument("--timeout", type=float, default=None, help="the writer's time budget per call, s")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the writer's CPU threads (all cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="the writer's CPU threads (default: the heavy worker's share of the core budget under "
+                         "`tierflow up` on this machine, as the writer runs there: 1 on 2 cores)")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
     args = ap.parse_args(argv)
+    if args.threads is None:
+        from pipeline.ops.devstack import thread_budget
+
+        args.threads = thread_budget(Settings())[1]["worker-heavy"]
     defaults = Settings().generator
     budget = args.max_new_tokens or defaults.max_new_tokens
     timeout = args.timeout or defaults.timeout_s
