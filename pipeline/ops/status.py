@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import redis
@@ -152,6 +152,9 @@ class TierView:
     last_answer_s: float | None  # seconds since this tier's latest answer seen
     abstained: int = 0  # results of this stage over its out-of-scope threshold (light: escalated them)
     handovers: int = 0  # final answers handed over to a person (the customer got a holding message)
+    written: int = 0  # final answers the writer wrote and the guard sent
+    write_p95_ms: float | None = None  # the writer's time on the answers it was asked for (written or not)
+    fallbacks: dict[str, int] = field(default_factory=dict)  # the template sent instead of the writer's reply, why
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,9 @@ class _Answer:
     escalated: bool
     degraded: bool
     handover: bool
+    write_ms: float = 0.0  # the writer's time (timings_ms.write); 0 where none wrote
+    written: bool = False  # the writer's reply was sent
+    fallback: str | None = None  # why the template was sent instead of the writer's reply
 
 
 def _p95(values: list[float]) -> float | None:
@@ -270,8 +276,10 @@ class Status:
         timings = r.get("timings_ms") or {}
         # As the SLO sees it: the writer's seconds apart (its own budget; pipeline/core/stats.py, Observed).
         total = max(0.0, float(timings.get("total", 0.0)) - float(timings.get("write", 0.0)))
-        self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")),
-                                     bool(r.get("degraded")), bool(r.get("handover"))))
+        write = float(timings.get("write", 0.0))
+        fallback = str(r.get("fallback_reason") or "unknown") if r.get("fallback") else None
+        self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")), bool(r.get("degraded")),
+                                     bool(r.get("handover")), write, write > 0 and fallback is None, fallback))
         self._last_answer[tier] = max(at, self._last_answer.get(tier, 0))
 
     def _add_dead(self, m: Message) -> None:
@@ -342,6 +350,9 @@ class Status:
             last_answer_s=(now_ms - last) / 1000.0 if last else None,
             abstained=sum(1 for at, t in self._abstained if t == tier and at >= start_ms),
             handovers=sum(a.handover for a in mine),
+            written=sum(a.written for a in mine),
+            write_p95_ms=_p95([a.write_ms for a in mine if a.write_ms > 0]),
+            fallbacks=dict(Counter(a.fallback for a in mine if a.fallback is not None)),
         )
 
 
@@ -464,7 +475,19 @@ def render(frame: Frame, width: int | None = None) -> RenderableType:
                             f" by {th.updated_by} ({th.reason})", pins, "\n  ", values)
     else:
         thr = Text("thresholds: -", style="dim")
-    parts: list[RenderableType] = [header, table, *([models] if models is not None else []), shares, handed, thr]
+    written = sum(t.written for t in frame.tiers)
+    fallbacks: Counter[str] = Counter()
+    for t in frame.tiers:
+        fallbacks.update(t.fallbacks)
+    write_p95 = max((t.write_p95_ms for t in frame.tiers if t.write_p95_ms is not None), default=None)
+    writer = Text.assemble(
+        ("writer ", "bold"), "wrote ", str(written),
+        f" (p95 {write_p95 / 1000:.1f} s)" if write_p95 is not None else "",
+        "   templates instead ", (str(sum(fallbacks.values())), "yellow" if fallbacks else ""),
+        (": " + ", ".join(f"{k} {v}" for k, v in sorted(fallbacks.items()))) if fallbacks else "",
+    ) if written or fallbacks else None
+    parts: list[RenderableType] = [header, table, *([models] if models is not None else []), shares, handed,
+                                   *([writer] if writer is not None else []), thr]
     if frame.dead_letters:
         dl = Table(box=box.SIMPLE_HEAD, title="last dead letters", title_justify="left", title_style="bold",
                    header_style="bold", show_edge=False, pad_edge=False)

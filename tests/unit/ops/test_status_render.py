@@ -103,3 +103,14 @@ def test_no_header_is_cut_at_any_common_width(width: int) -> None:
     header = next(line for line in text.splitlines() if line.lstrip().startswith("tier"))
     assert "…" not in header, header
     assert "multimodal" in text
+
+
+def test_the_writer_line_counts_written_answers_and_templates_sent_instead_by_reason() -> None:
+    f = frame()
+    heavy = f.tiers[1]
+    tiers = [f.tiers[0], TierView(**{**heavy.__dict__, "written": 9, "write_p95_ms": 6200.0,
+                                     "fallbacks": {"missing_facts": 2, "empty": 1}}), f.tiers[2]]
+    text = shown(Frame(**{**f.__dict__, "tiers": tiers}), 80)
+    line = next(ln for ln in text.splitlines() if ln.startswith("writer"))
+    assert line.rstrip() == "writer wrote 9 (p95 6.2 s)   templates instead 3: empty 1, missing_facts 2"
+    assert not any(ln.startswith("writer") for ln in shown(f, 80).splitlines())  # no writer, no line
