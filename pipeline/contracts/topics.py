@@ -70,10 +70,10 @@ class Topics:
             *(self.tier(t) for t in Tier),
             self.results,
             self.answers,
-            self.answer_drafts,
             self.dlq,
             self.labels,
             self.handover,
+            self.answer_drafts,
             self.replay,
             *(self.replay_tier(t) for t in Tier),
         ]
