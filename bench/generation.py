@@ -133,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         r["id"] = f"check-{i:03d}"
     half = args.n // 2
     messages = [r for r in rows if r["lang"] == "en"][:half] + [r for r in rows if r["lang"] == "zh"][:half]
+    n_en = sum(r["lang"] == "en" for r in messages)  # the check set may hold fewer than n/2 of a language
     lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
              "raw replies keeping every key fact | sent as written | fallbacks (reason) | first sentence p50 / p95 | "
              "whole reply p50 | p95 |",
@@ -149,8 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples += [f"- {backend}, {r.rid} ({r.lang}, {r.predicted}): {' '.join(r.text.split())}"
                     for r in replies[:: max(1, len(replies) // 4)][:4] if r.reason is None]
     body = "\n".join([
-        f"Messages: {len(messages)} of the e-commerce check set ({half} English, {half} Chinese; never trained "
-        f"on), each as a heavy-routed message, one at a time, on the CPU with {args.threads} threads. Token budget "
+        f"Messages: {len(messages)} of the e-commerce check set ({n_en} English, {len(messages) - n_en} Chinese; "
+        f"never trained on), each as a heavy-routed message, one at a time, on the CPU with {args.threads} "
+        f"thread{'s' if args.threads != 1 else ''}. Token budget "
         f"{budget}, time budget "
         f"{timeout:.0f} s per call (`TIERFLOW_GENERATOR_MAX_NEW_TOKENS`, `TIERFLOW_GENERATOR_TIMEOUT_S`). "
         f"Latency: the writer's time per reply (the classifier's is in the accuracy section); first sentence: "
