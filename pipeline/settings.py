@@ -60,7 +60,7 @@ class KafkaSection(Section):
     fetch_pacing: Literal["auto", "on", "off"] = Field(
         "auto", description="consumers pause while idle and probe the log's end instead of fetching in a loop; "
                             "auto: on a broker that answers empty fetches at once (noida)")
-    rest_after_ms: float = Field(500.0, gt=0, description="a paced consumer stops fetching after this long without "
+    rest_after_ms: float = Field(5.0, gt=0, description="a paced consumer stops fetching after this long without "
                                                           "records and looks at the log's end instead")
     rest_max_ms: float = Field(100.0, gt=0, description="the longest a resting consumer waits between looks at the "
                                                        "log's end: what a lone record may wait per hop")

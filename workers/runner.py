@@ -275,6 +275,7 @@ class Worker:
             self.lag = lag_of(self.consumer)
             return 0
         self.batch_at = coordinates(live)
+        self.consumer.away()  # a model's batch can outlast a rest: no fetch loop meanwhile
         if self.transactional:
             self.producer.begin_transaction()
         self._process(live, self.producer)

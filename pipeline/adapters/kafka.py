@@ -170,6 +170,7 @@ class OrderedConsumer(Consumer):
     def __init__(self, conf: dict[str, Any], guard: bool = True, pacing: bool | None = None,
                  pacer: FetchPacer | None = None) -> None:
         super().__init__(conf)
+        self._from_start = str(conf.get("auto.offset.reset", "latest")) in ("earliest", "smallest", "beginning")
         self.guard = GapGuard()
         self._guarded: bool | None = None if guard else False  # None until the cluster id is known
         self._pacing = pacing  # None until the cluster id is known
@@ -250,8 +251,21 @@ class OrderedConsumer(Consumer):
         return bool(self._pacing)
 
     # --- pacing
+    def away(self) -> None:
+        """The application goes off to use what it was given (a model's batch). Where that typically takes
+        longer than a rest, the consumer rests now: its fetcher would loop all that while (at 50 msg/s the heavy
+        worker's fetcher took 18% of a core and the broker's side of it more). Pausing keeps the position, so
+        whatever was prefetched is fetched again."""
+        if not self._paced():
+            return
+        now = time.monotonic()
+        self.pacer.away(now)
+        if self.pacer.away_long() and not self.pacer.resting:
+            self._rest(now)
+
     def _consume_paced(self, num: int, timeout: float) -> list[Message]:
         p = self.pacer
+        p.called(time.monotonic())
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         while True:
             now = time.monotonic()
@@ -276,7 +290,7 @@ class OrderedConsumer(Consumer):
                     self._wake()
                     return msgs
                 if self._behind():
-                    self._wake()
+                    self._wake(expect=True)
                     continue
                 if p.recheck_due(now) and (msgs := self._look(num)):
                     return msgs
@@ -289,20 +303,26 @@ class OrderedConsumer(Consumer):
                 if self._bell is None:
                     time.sleep(wait)
                 elif self._bell.event.wait(wait):
+                    # A ring is for the topic, not for this member's partitions: look before waking, so the
+                    # members a record is not for stay at rest.
                     self._bell.event.clear()
-                    self._wake()
+                    if self._behind():
+                        self._wake(expect=True)
+                    else:
+                        p.soon(time.monotonic())
 
     def _rest(self, now: float) -> None:
         """Pause every assigned partition, noting where each will be read next."""
         try:
             parts = self.assignment()
             starts: dict[tuple[str, int], int | None] = {}
+            fresh: list[TopicPartition] = []
             for tp in self.position(parts) if parts else []:
                 if tp.offset >= 0:
                     starts[(tp.topic, tp.partition)] = tp.offset
-                else:  # nothing delivered from it yet: it was read up to the end the last fetch saw
-                    _, high = self.get_watermark_offsets(tp, cached=True)
-                    starts[(tp.topic, tp.partition)] = int(high) if high is not None and high >= 0 else None
+                else:
+                    fresh.append(tp)
+            starts.update(self._resume_points(fresh))
             if parts:
                 self.pause(parts)
         except KafkaException as e:
@@ -317,6 +337,29 @@ class OrderedConsumer(Consumer):
             self._bell = self._bell_factory()
         if self._bell is not None:
             self._bell.event.clear()  # a ring while hot was for records already read
+
+    def _resume_points(self, parts: list[TopicPartition]) -> dict[tuple[str, int], int | None]:
+        """Where partitions that have delivered nothing yet will be read from once resumed: the committed offset,
+        else the reset point (the log's start or end); None where that cannot be known (counts as behind)."""
+        if not parts:
+            return {}
+        points: dict[tuple[str, int], int | None] = {(tp.topic, tp.partition): None for tp in parts}
+        try:
+            committed = self.committed([TopicPartition(tp.topic, tp.partition) for tp in parts], timeout=2)
+        except KafkaException as e:
+            log.debug("committed: %s", e)
+            return points
+        for tp in committed:
+            if tp.offset >= 0:
+                points[(tp.topic, tp.partition)] = tp.offset
+                continue
+            try:
+                low, high = self.get_watermark_offsets(tp, timeout=2, cached=False)
+            except KafkaException as e:
+                log.debug("watermarks: %s", e)
+                continue
+            points[(tp.topic, tp.partition)] = int(low if self._from_start else high)
+        return points
 
     def _behind(self) -> bool:
         """Whether the log's end is past this consumer's position on any partition (or the assignment changed)."""
@@ -353,8 +396,9 @@ class OrderedConsumer(Consumer):
         resume by itself. A request to the partitions' leader does it."""
         self.offsets_for_times([TopicPartition(tp.topic, tp.partition, -1) for tp in parts[:1]], timeout=2)
 
-    def _wake(self) -> None:
-        """Resume what was paused and make the fetcher see it; hot from now."""
+    def _wake(self, expect: bool = False) -> None:
+        """Resume what was paused and make the fetcher see it; hot from now (`expect`: records are known to be
+        there, hot until they come)."""
         now = time.monotonic()
         if self._paused:
             parts, self._paused, self._starts = self._paused, [], {}
@@ -363,7 +407,10 @@ class OrderedConsumer(Consumer):
                 self._nudge(parts)
             except KafkaException as e:
                 log.debug("resume: %s", e)
-        self.pacer.got(now)
+        if expect:
+            self.pacer.expect(now)
+        else:
+            self.pacer.got(now)
 
     def _in_order(self, msgs: list[Message]) -> list[Message]:
         if not msgs:

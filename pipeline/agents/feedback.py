@@ -355,9 +355,9 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 def _pace_fetches(consumer: Any, pause_s: float, max_s: float, ready: Callable[[], bool]) -> None:
     """Sleep after a fetch that brought nothing: a broker that answers fetches at once instead of holding them (the
     embedded noida) otherwise gets one fetch after another (an idle feedback agent took 90% of a core; 11% with a
-    fixed 5 ms). Once the agent is ready the pause doubles after each empty fetch up to `max_s`, and a fetch with
-    records brings it back to `pause_s`; before that it stays short, so joining and the first tick are not slowed
-    (a growing pause from the start made the agent late to say ready). aiokafka builds its fetcher in start() and
+    fixed 5 ms). Once the agent is ready the pause doubles after each fetch up to `max_s`, records or not; before
+    that a fetch with records brings it back to `pause_s` and it stays short, so joining and the first tick are not
+    slowed (a growing pause from the start made the agent late to say ready). aiokafka builds its fetcher in start() and
     looks the fetch method up on each request."""
     start = consumer.start
 
@@ -369,9 +369,12 @@ def _pace_fetches(consumer: Any, pause_s: float, max_s: float, ready: Callable[[
 
         async def paced(assignment: Any, node_id: Any, request: Any) -> bool:
             got = bool(await proc(assignment, node_id, request))
-            if got:
+            if got and not ready():
                 idle[0] = pause_s
-            else:
+            elif not got or ready():
+                # Ready, it pauses after records too: the control loop reads its windows every interval, so
+                # records may wait `max_s` and come a batch per fetch (at 50 answers/s, fetching again after each
+                # record kept the agent's thread at 12% of a core).
                 # Closing cancels this task, then awaits it: a CancelledError out of the pause would crash the
                 # consumer thread's shutdown and the agent would hang until killed.
                 with contextlib.suppress(asyncio.CancelledError):

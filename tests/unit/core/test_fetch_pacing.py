@@ -31,6 +31,32 @@ def test_probes_back_off_to_the_cap_and_records_make_it_hot_again() -> None:
     assert abs(p.wait_s(now + 0.5) - 0.002) < 1e-9  # a new rest starts from the shortest interval again
 
 
+def test_a_consumer_woken_for_records_stays_hot_until_they_come_or_the_hold_ends() -> None:
+    """The fetch a wake resumes may take longer than rest_after_s to come back (a backed-off fetch: 200 ms):
+    resting before it did dropped it, and the next probe woke the consumer for the same records."""
+    p = FetchPacer(rest_after_s=0.002, hold_s=2.0)
+    p.rest(0.0)
+    p.expect(1.0)
+    assert not p.resting and not p.should_rest(1.3) and abs(p.hot_left_s(1.3) - 1.7) < 1e-9
+    assert p.should_rest(3.0)  # nothing came: rest again (the periodic look is the safety net)
+    p.expect(4.0)
+    p.got(4.25)  # they came: back to the short rest after the last record
+    assert not p.should_rest(4.251) and p.should_rest(4.252)
+
+
+def test_a_ring_for_another_member_keeps_the_consumer_resting_but_probes_from_the_shortest_interval() -> None:
+    p = FetchPacer(first_s=0.004, max_s=0.1)
+    p.rest(0.0)
+    for now in (0.004, 0.012, 0.028, 0.06):
+        p.probed(now)
+    p.soon(0.07)
+    assert p.resting and abs(p.wait_s(0.07) - 0.004) < 1e-9
+    hot = FetchPacer()
+    hot.got(0.0)
+    hot.soon(0.1)
+    assert not hot.resting and hot.wait_s(0.1) == 0.0
+
+
 def test_the_periodic_look_comes_every_recheck_s() -> None:
     p = FetchPacer(recheck_s=2.0)
     p.rest(0.0)
@@ -45,3 +71,20 @@ def test_behind_when_an_end_is_past_the_next_offset_or_the_position_is_unknown()
     assert behind_ends({("t", 0): 6, ("t", 1): 7}, starts)
     assert behind_ends({("t", 0): 5, ("t", 1): 7, ("t", 2): 0}, starts)  # assigned since the pause
     assert behind_ends({("t", 0): 0}, {("t", 0): None})
+
+
+def test_an_application_away_longer_than_a_rest_with_its_records_makes_the_consumer_rest_as_it_goes() -> None:
+    """A heavy worker's model batch outlasts a rest: its fetcher looped the whole time; a light one's does not."""
+    slow = FetchPacer(rest_after_s=0.005)
+    assert not slow.away_long()  # nothing measured yet
+    for t in range(5):
+        slow.away(t * 1.0)
+        slow.called(t * 1.0 + 0.02)  # 20 ms of inference a batch
+    assert slow.away_long()
+    fast = FetchPacer(rest_after_s=0.005)
+    for t in range(5):
+        fast.away(t * 1.0)
+        fast.called(t * 1.0 + 0.001)
+    assert not fast.away_long()
+    fast.called(10.0)  # a call without going away first measures nothing
+    assert not fast.away_long()
