@@ -371,7 +371,7 @@ def _pace_fetches(consumer: Any, pause_s: float, max_s: float, ready: Callable[[
             got = bool(await proc(assignment, node_id, request))
             if got and not ready():
                 idle[0] = pause_s
-            elif not got or ready():
+            else:
                 # Ready, it pauses after records too: the control loop reads its windows every interval, so
                 # records may wait `max_s` and come a batch per fetch (at 50 answers/s, fetching again after each
                 # record kept the agent's thread at 12% of a core).
