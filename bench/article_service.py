@@ -66,8 +66,10 @@ class ArticleService:
 
 
 def article_settings(runtime: str) -> Settings:
-    """The packaged models as they ship: no learned versions from Redis (the article has no learning loop)."""
-    s = Settings().updated(learn_hot_swap=False)
+    """The packaged models as they ship: no learned versions from Redis (the article has no learning loop), and no
+    writer: its heavy answers are the policy text, as tierflow's are in this benchmark (the writer's cost is
+    bench.generation's; with the GGUF on the machine the default would write every long message's answer)."""
+    s = Settings().updated(learn_hot_swap=False, heavy_generator="none")
     return s.updated(heavy_runtime="torch") if runtime == "torch" else s
 
 
@@ -356,13 +358,14 @@ def targets(article: dict[str, tuple[Measured, Measured]], tf_flat: Measured, tf
     met = "; ".join(f"{name}: {'met' if ok else '**not met**'}" for name, ok in checks)
     return (f"Targets: {met}.\n\n" + (
         "" if all(ok for _, ok in checks) else
-        "What keeps tierflow from them: the embedded broker answers every fetch at once, so each agent's consumer "
-        "that has caught up fetches in a loop between records (the broker's line above, and most of each agent's); "
-        "idle consumers rest (\"An idle stack\"), but resting between records under load, tried, lost records "
-        "(pipeline/core/fetch_pacing.py). Every message also crosses four topics and three processes. What would "
-        "close it: a broker that holds fetches (Apache Kafka honours fetch.wait.max.ms), a safe pause between "
-        "records for partitions not yet read from, and ingest and the tiers in one process on a small machine "
-        "(one consumer and one producer instead of four of each).\n"))
+        "What keeps tierflow from them: every message crosses four topics and three processes, each hop a produce "
+        "and a fetch on a broker that answers every fetch at once; consumers pace themselves (they rest 5 ms after "
+        "their last record and while their model runs, pipeline/core/fetch_pacing.py), yet the broker and the "
+        "agents' Kafka clients, not the models, take most of the CPU (the line above), and each hop adds a few "
+        "milliseconds (the table above); the article service's answer is one model call and no hop. What would "
+        "close it: ingest and the tiers in one process on a small machine (one consumer and one producer instead "
+        "of four of each, no topic between ingest and the light tier), and a broker that holds fetches (Apache "
+        "Kafka honours fetch.wait.max.ms).\n"))
 
 
 if __name__ == "__main__":
