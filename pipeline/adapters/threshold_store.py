@@ -5,6 +5,10 @@ Keys (under the Redis prefix, default `tierflow:`):
 - `thresholds:history`  every version ever written, oldest first (JSON list entries)
 - `thresholds:changed`  pub/sub channel: a version number is published on every change
 - `vip` / `vip:changed` the VIP user set and its change channel
+- `epoch`               set once this Redis holds the control state; absent means an empty (restarted, flushed) Redis
+
+With a `ControlLog`, Redis is a cache of the control topic: every threshold version and VIP change is written there
+too, and an empty Redis is filled from it (`restore`) before anything routes on defaults.
 
 Readers on the hot path use `ThresholdCache`: a background thread refreshes on pub/sub and on a slow
 poll, so routing never waits on Redis and keeps the last-known values when Redis is down.
@@ -23,10 +27,13 @@ import redis
 from pydantic import ValidationError
 
 from pipeline import metrics
+from pipeline.adapters.control_log import ControlLog
 from pipeline.adapters.periodic import Periodic
-from pipeline.contracts.keys import Keys
+from pipeline.contracts.keys import ControlKeys, Keys
+from pipeline.core.control import ControlState, vip_value
 from pipeline.core.thresholds import TUNABLE, Thresholds, _first_error
-from pipeline.errors import InvalidThresholds
+from pipeline.errors import InvalidThresholds, ServiceUnavailable
+from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +41,18 @@ log = logging.getLogger(__name__)
 class ThresholdStore:
     """Reads and writes the thresholds document in Redis, atomically, with history and notification."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "tierflow:") -> None:
-        self.r = client
+    def __init__(self, client: redis.Redis, prefix: str = "tierflow:", log: ControlLog | None = None) -> None:
+        self.r, self.log = client, log
         keys = Keys(prefix)
         self.key, self.history_key, self.channel = keys.thresholds, keys.thresholds_history, keys.thresholds_changed
-        self.vip_key, self.vip_channel = keys.vip, keys.vip_changed
+        self.vip_key, self.vip_channel, self.epoch_key = keys.vip, keys.vip_changed, keys.epoch
+        self._unwritten: list[tuple[str, bytes | None]] = []  # versions the control topic has not taken yet
+        self._failed_at = 0.0  # when reading the control topic last failed (0: it did not)
+
+    @classmethod
+    def of(cls, settings: Settings, client: redis.Redis) -> ThresholdStore:
+        """The store of a pipeline: Redis as the cache of the pipeline's control topic."""
+        return cls(client, settings.redis.prefix, ControlLog(settings))
 
     def get(self) -> Thresholds:
         """The current document; the defaults (written as version 1) when none exists."""
@@ -57,18 +71,96 @@ class ThresholdStore:
             raise InvalidThresholds(f"thresholds in Redis at {self.key} are invalid: {msg}") from None
 
     def init(self, initial: Thresholds | None = None) -> Thresholds:
-        """Write `initial` (or the defaults) as version 1 unless a document exists; return the current one."""
+        """The current document. Where Redis has none: what the control topic holds (restored with every version
+        and the VIPs), else `initial` (or the defaults) written as version 1."""
+        self.ensure_restored()
         doc = initial or Thresholds(updated_at=time.time())
         payload = doc.model_dump_json()
         if self.r.set(self.key, payload, nx=True):
             self.r.rpush(self.history_key, payload)
             self.r.publish(self.channel, str(doc.version))
+            self._write_log([(ControlKeys.thresholds(doc.version), payload.encode())])
             return doc
         return self._parse(self.r.get(self.key) or payload)
+
+    def ensure_restored(self) -> None:
+        """Restore an empty Redis from the control topic first (a no-op once it holds the state, or without a log).
+        When the topic cannot be read, Redis serves alone meanwhile (restore says so)."""
+        if self.log is not None and not self.seeded():
+            with contextlib.suppress(ServiceUnavailable):
+                self.restore()
+
+    def seeded(self) -> bool:
+        """Whether this Redis holds the control state (False: it is empty, restarted or flushed)."""
+        return bool(self.r.exists(self.epoch_key))
+
+    def restore(self, state: ControlState | None = None) -> str | None:
+        """Fill an empty Redis from the control topic (`state`: already read from it). Version-checked: a document
+        Redis already has at the same or a newer version stays, VIPs are added; one restorer wins (the epoch key
+        is watched) and the others find it done. Returns what was restored (None: nothing needed)."""
+        if self.log is None:
+            return None
+        if state is None:
+            if time.monotonic() - self._failed_at < 1.0:  # at most one try a second while the broker is away
+                raise ServiceUnavailable(f"the control topic {self.log.topic} could not be read a moment ago")
+            try:
+                state = self.log.read()
+            except ServiceUnavailable as e:
+                if not self._failed_at:
+                    log.warning("Redis is empty and the control topic cannot be read (%s); going on with what "
+                                "this process knows, trying again each second", e)
+                self._failed_at = time.monotonic()
+                raise
+            self._failed_at = 0.0
+        while True:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(self.epoch_key, self.key)
+                    if pipe.exists(self.epoch_key):
+                        return None
+                    raw = pipe.get(self.key)
+                    have = self._parse(raw) if raw is not None else None
+                    newest = state.current
+                    take = newest is not None and (have is None or have.version < newest.version)
+                    pipe.multi()
+                    if take:
+                        pipe.delete(self.history_key)
+                        pipe.rpush(self.history_key, *(d.model_dump_json() for d in state.thresholds))
+                        pipe.set(self.key, state.thresholds[-1].model_dump_json())
+                        pipe.publish(self.channel, str(state.thresholds[-1].version))
+                    if state.vips:
+                        pipe.sadd(self.vip_key, *state.vips)
+                        pipe.publish(self.vip_channel, "restore")
+                    pipe.set(self.epoch_key, f"restored {time.time():.3f}")
+                    pipe.execute()
+                except redis.WatchError:
+                    continue
+            if have is not None and newest is not None and have.version > newest.version:
+                # Redis is ahead (the topic missed versions while the broker was away): the topic catches up
+                self._write_log([(ControlKeys.thresholds(d.version), d.model_dump_json().encode())
+                                 for d in self.history() if d.version > newest.version])
+            said = f"restored {state.summary()} from the control topic {self.log.topic}" if not state.empty \
+                else f"the control topic {self.log.topic} is empty: Redis starts from the defaults"
+            log.info("%s", said)
+            return said
+
+    def _write_log(self, records: list[tuple[str, bytes | None]]) -> None:
+        """Put records on the control topic, with any an earlier try could not; keep them for the next when the
+        broker does not take them (Redis already has them: routing is not held up by the broker)."""
+        if self.log is None:
+            return
+        pending = [*self._unwritten, *records]
+        try:
+            self.log.put(pending)
+            self._unwritten = []
+        except ServiceUnavailable as e:
+            self._unwritten = pending
+            log.warning("%s; kept in Redis, written to the topic with the next change", e)
 
     def update(self, who: str, why: str, inputs: dict[str, Any] | None = None, *,
                respect_pins: bool = False, **values: Any) -> Thresholds:
         """Apply `values` as a new version (optimistic transaction; retried on a concurrent write)."""
+        self.ensure_restored()  # an empty Redis first: a new version follows the newest, not the defaults
         while True:
             with self.r.pipeline() as pipe:
                 try:
@@ -84,9 +176,12 @@ class ThresholdStore:
                     pipe.rpush(self.history_key, payload)
                     pipe.publish(self.channel, str(new.version))
                     pipe.execute()
-                    return new
                 except redis.WatchError:
                     continue
+            # After the commit: Redis's version check decides the number, so the topic never holds a loser's
+            # document under the winner's version.
+            self._write_log([(ControlKeys.thresholds(new.version), payload.encode())])
+            return new
 
     def history(self, last: int | None = None) -> list[Thresholds]:
         start = -last if last else 0
@@ -107,10 +202,15 @@ class ThresholdStore:
 
     # --- VIP users ---
     def vip_add(self, *users: str) -> None:
+        """Durable first: the control topic takes the change (raises when it cannot), then Redis."""
+        if self.log is not None:
+            self.log.put([(ControlKeys.vip(u), vip_value()) for u in users])
         self.r.sadd(self.vip_key, *users)
         self.r.publish(self.vip_channel, "add")
 
     def vip_remove(self, *users: str) -> None:
+        if self.log is not None:
+            self.log.put([(ControlKeys.vip(u), None) for u in users])
         self.r.srem(self.vip_key, *users)
         self.r.publish(self.vip_channel, "remove")
 
@@ -136,6 +236,7 @@ class ThresholdCache:
         self._refresher: Periodic | None = None
         self._pubsub: redis.client.PubSub | None = None
         self._last_poll = 0.0
+        self._last_epoch_check = 0.0
         self._last_warn = 0.0
         self.loaded = threading.Event()
 
@@ -156,6 +257,7 @@ class ThresholdCache:
     def refresh(self) -> bool:
         """Reload from Redis; on failure keep the last-known values. True when it succeeded."""
         try:
+            self.store.ensure_restored()
             doc = self.store.get_or_none()
             if doc is None:
                 # Redis came back empty (restarted without persistence): restore what we were routing with,
@@ -205,7 +307,14 @@ class ThresholdCache:
                 self.refresh()  # catch up on anything missed while (re)subscribing
                 self._last_poll = time.monotonic()
             msg = self._pubsub.get_message(timeout=0.2)
-            if msg is not None or time.monotonic() - self._last_poll > self.poll_s:
+            now = time.monotonic()
+            if self.store.log is not None and msg is None and now - self._last_epoch_check > 0.5:
+                # a flushed Redis publishes nothing: look for its epoch twice a second, so a restore follows
+                # within a second (one EXISTS each time)
+                self._last_epoch_check = now
+                if not self.store.seeded():
+                    msg = {"type": "flushed"}
+            if msg is not None or now - self._last_poll > self.poll_s:
                 self.refresh()
                 self._last_poll = time.monotonic()
         except (redis.RedisError, OSError) as e:

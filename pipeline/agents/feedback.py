@@ -109,7 +109,7 @@ class Feedback:
         self.cfg = settings.feedback
         self.topics = Topics(settings.topic.prefix)
         self.r = client or make_redis(settings)
-        self.store = ThresholdStore(self.r, settings.redis.prefix)
+        self.store = ThresholdStore.of(settings, self.r)
         self.state_key = Keys(settings.redis.prefix).feedback_state
         self.agg = Aggregator(agg_config(self.cfg))
         self.ctl_cfg = controller_config(self.cfg, settings.heartbeat.startup_s)

@@ -133,7 +133,7 @@ class Ingest:
         self.s = settings
         self.topics = topics_of(settings)
         self.r = r or make_redis(settings)
-        self.store = ThresholdStore(self.r, settings.redis.prefix)
+        self.store = ThresholdStore.of(settings, self.r)
         self.cache = ThresholdCache(self.store, component="ingest")
         self.monitor = HealthMonitor(self.r, settings.redis.prefix, self.cache,
                                      startup_s=settings.heartbeat.startup_s,

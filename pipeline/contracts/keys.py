@@ -13,6 +13,10 @@ All live under the settings' `redis_prefix` (default `tierflow:`), so two stacks
 - `models:light:history`                                  every promotion, rejection and rollback, oldest first
 - `learn:state`                                           the trainer agent's snapshot (`tierflow models list`)
 - `wake:<topic>`                                          pub/sub: records were written to <topic> (a doorbell)
+- `epoch`                                                 set once this Redis holds the control state (restored
+                                                          from the control topic, or seeded): absent = empty Redis
+
+The control topic's record keys (`ControlKeys`) are here too: they name the same facts in the durable home.
 """
 
 from __future__ import annotations
@@ -88,9 +92,29 @@ class Keys:
         return f"{self.prefix}models:light:history"
 
     @property
+    def epoch(self) -> str:
+        return f"{self.prefix}epoch"
+
+    @property
     def learn_state(self) -> str:
         return f"{self.prefix}learn:state"
 
     def wake(self, topic: str) -> str:
         """The doorbell of `topic`: its writers publish here, its resting consumers wake (adapters/doorbell.py)."""
         return f"{self.prefix}wake:{topic}"
+
+
+class ControlKeys:
+    """Record keys on the control topic (`Topics.control`), one per fact so compaction keeps each one's latest:
+    `thresholds:<version>` (that version's document) and `vip:<user>` (present; a tombstone removes it)."""
+
+    THRESHOLDS = "thresholds"
+    VIP = "vip"
+
+    @staticmethod
+    def thresholds(version: int) -> str:
+        return f"{ControlKeys.THRESHOLDS}:{version}"
+
+    @staticmethod
+    def vip(user: str) -> str:
+        return f"{ControlKeys.VIP}:{user}"

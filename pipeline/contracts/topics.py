@@ -52,6 +52,12 @@ class Topics:
         return f"{self.prefix}handover"
 
     @property
+    def control(self) -> str:
+        """The durable home of control state (threshold versions, VIPs), compacted, one partition: Redis is
+        its cache and is restored from it (pipeline/adapters/control_log.py)."""
+        return f"{self.prefix}control"
+
+    @property
     def replay(self) -> str:
         """Backfill requests: ingested beside live traffic but never ahead of it."""
         return f"{self.prefix}replay"
@@ -76,6 +82,7 @@ class Topics:
             self.answer_drafts,
             self.replay,
             *(self.replay_tier(t) for t in Tier),
+            self.control,
         ]
 
 
@@ -111,6 +118,15 @@ def topic_specs(
     }
     specs = []
     for name in topics.all():
+        if name == topics.control:
+            # one fact per key, kept until replaced: compaction, not time, bounds it; one partition, one order
+            cfg = {"cleanup.policy": "compact", "max.message.bytes": str(max_message_bytes)}
+            if retention_bytes is not None:  # a broker that bounds every partition (noida) bounds this one too
+                cfg["segment.bytes"] = str(max(64 * 1024, retention_bytes // 8))
+            if replication_factor > 1:
+                cfg["min.insync.replicas"] = str(min(2, replication_factor))
+            specs.append(TopicSpec(name, 1, replication_factor, cfg))
+            continue
         cfg = dict(big)
         cfg["retention.ms"] = str(retention_ms or retention.get(name, 7 * _DAY_MS))
         if retention_ms is not None:

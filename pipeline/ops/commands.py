@@ -323,7 +323,8 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
     from pipeline.core.thresholds import parse_value
 
     s = settings_of(args)
-    store = ThresholdStore(_redis(s), s.redis.prefix)
+    store = ThresholdStore.of(s, _redis(s))
+    store.ensure_restored()
     who = f"cli:{os.environ.get('USER', 'operator')}"
     if args.action == "show":
         doc = store.get()
@@ -358,7 +359,8 @@ def cmd_vip(args: argparse.Namespace) -> int:
     from pipeline.adapters.threshold_store import ThresholdStore
 
     s = settings_of(args)
-    store = ThresholdStore(_redis(s), s.redis.prefix)
+    store = ThresholdStore.of(s, _redis(s))
+    store.ensure_restored()
     if args.action == "add":
         store.vip_add(*args.users)
     elif args.action == "remove":
@@ -379,8 +381,8 @@ def cmd_route(args: argparse.Namespace) -> int:
     s = settings_of(args)
     th, vip, source = Thresholds(), False, "defaults (Redis not reachable)"
     try:
-        store = ThresholdStore(_redis(s), s.redis.prefix)
-        th, source = store.get(), f"Redis {s.redis.address}"
+        store = ThresholdStore(_redis(s), s.redis.prefix)  # reads only: an empty Redis is explained as such
+        th, source = store.get_or_none() or Thresholds(), f"Redis {s.redis.address}"
         vip = args.user in store.vips() if args.user else False
     except (ServiceUnavailable, OSError, InvalidThresholds):
         pass

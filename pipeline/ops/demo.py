@@ -61,7 +61,7 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
                       f"logs {stack.log_dir}/; domain {s.domain}; heavy answers "
                       + (f"written by {writer}" if writer else f"from templates ({why_not})"))
         r = make_redis(s, command=True)
-        ThresholdStore(r, s.redis.prefix).vip_add(VIP_USER)
+        ThresholdStore.of(s, r).vip_add(VIP_USER)
         reader = AnswerReader(s)
         try:
             wait_ready(stack, r, s.redis.prefix, timeout_s, console)

@@ -371,7 +371,7 @@ def running_stack(settings: Settings, agents: bool = True, on_ready: Callable[[S
         check_reachable(settings.redis.address, "Redis")
         create_topics(settings)
 
-        ThresholdStore(make_redis(settings, command=True), settings.redis.prefix).init()
+        ThresholdStore.of(settings, make_redis(settings, command=True)).init()
         if agents:
             for name, args in agents_of(settings):
                 if only is None or name in only:

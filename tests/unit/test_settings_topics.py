@@ -48,6 +48,9 @@ def test_topic_names() -> None:
 
 def test_topic_specs() -> None:
     specs = topic_specs(Topics(), partitions=6, replication_factor=3)
-    assert all(s.partitions == 6 and s.replication_factor == 3 for s in specs)
+    control = [s for s in specs if s.name == Topics().control]
+    assert [(s.partitions, s.config["cleanup.policy"]) for s in control] == [(1, "compact")]  # one order of facts
+    assert all(s.partitions == 6 for s in specs if s.name != Topics().control)
+    assert all(s.replication_factor == 3 for s in specs)
     assert all(s.config["min.insync.replicas"] == "2" for s in specs)
     assert all(int(s.config["max.message.bytes"]) >= 5 * 1024 * 1024 for s in specs)

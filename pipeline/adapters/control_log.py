@@ -1,0 +1,73 @@
+"""The control topic: where threshold versions and VIPs live durably, so Redis is a cache that can be rebuilt.
+
+Kafka Streams' state stores and faust's Tables work the same way: the local store is fast, a compacted changelog
+is the truth. One partition (one order for every fact); a record per fact (`ControlKeys`), so compaction keeps each
+one's latest. Reading it back means reading from the beginning to the end offsets taken at the start: a few
+hundred records, a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from pipeline.adapters.kafka import Tail, make_producer, topics_of
+from pipeline.core.control import ControlState, fold
+from pipeline.errors import ServiceUnavailable
+from pipeline.settings import Settings
+
+
+class ControlLog:
+    """Writes control facts to the control topic (each write waits for the broker) and reads them all back."""
+
+    def __init__(self, settings: Settings, timeout_s: float = 5.0) -> None:
+        self.settings, self.timeout_s = settings, timeout_s
+        self.topic = topics_of(settings).control
+        self._producer: Producer | None = None
+        self._lock = threading.Lock()
+
+    def put(self, records: Sequence[tuple[str, bytes | None]]) -> None:
+        """Write `(key, value)` records (None: a tombstone) and return once the broker has them all (acks=all).
+        Raises ServiceUnavailable when it does not within the timeout."""
+        if not records:
+            return
+        errors: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                errors.append(err)
+
+        with self._lock:
+            if self._producer is None:
+                # no linger: a control write is one record a person or the controller waits on
+                self._producer = make_producer(self.settings, **{"linger.ms": 0, "enable.idempotence": True})
+            try:
+                for key, value in records:
+                    self._producer.produce(self.topic, value, key.encode(), on_delivery=delivered)
+            except (KafkaException, BufferError) as e:
+                raise ServiceUnavailable(f"cannot write to the control topic {self.topic}: {e}") from None
+            left = self._producer.flush(self.timeout_s)
+        if errors or left:
+            why = errors[0].str() if errors else f"no acknowledgement within {self.timeout_s:g}s"
+            hint = " (tierflow topics create)" if errors and errors[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART \
+                else ""
+            raise ServiceUnavailable(f"the control topic {self.topic} did not take {len(records)} record(s): "
+                                     f"{why}{hint}")
+
+    def read(self) -> ControlState:
+        """Every fact on the topic, folded (ServiceUnavailable when the broker or the topic is not there)."""
+        tail = Tail(self.settings, self.topic, start="beginning", timeout=self.timeout_s)
+        records: list[tuple[bytes | str | None, bytes | None]] = []
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not tail.caught_up:
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable(f"the control topic {self.topic} was not read to its end within "
+                                             f"{self.timeout_s:g}s")
+                records += [(m.key(), m.value()) for m in tail.poll(0.1)]
+        finally:
+            tail.close()
+        return fold(records)

@@ -1,0 +1,38 @@
+"""Folding the control topic's records into state: the latest record of a key wins, a tombstone deletes it, and a
+record that is not ours is counted, never fatal."""
+
+from __future__ import annotations
+
+from pipeline.contracts.keys import ControlKeys
+from pipeline.core.control import ControlState, fold, vip_value
+from pipeline.core.thresholds import Thresholds
+
+
+def doc(version: int, **values: object) -> bytes:
+    return Thresholds(version=version, **values).model_dump_json().encode()  # type: ignore[arg-type]
+
+
+def test_versions_come_back_in_order_and_the_latest_record_of_a_version_wins() -> None:
+    state = fold([(ControlKeys.thresholds(2), doc(2, length_threshold=60)),
+                  (ControlKeys.thresholds(1), doc(1)),
+                  (ControlKeys.thresholds(2), doc(2, length_threshold=70))])
+    assert [d.version for d in state.thresholds] == [1, 2]
+    assert state.current is not None and state.current.length_threshold == 70
+
+
+def test_a_tombstone_removes_a_vip_and_a_later_record_brings_it_back() -> None:
+    state = fold([(ControlKeys.vip("a").encode(), vip_value()), (ControlKeys.vip("b"), vip_value()),
+                  (ControlKeys.vip("a"), None), (ControlKeys.vip("b"), None), (ControlKeys.vip("b"), vip_value())])
+    assert state.vips == frozenset({"b"})
+
+
+def test_foreign_and_invalid_records_are_skipped() -> None:
+    state = fold([(None, b"x"), ("models:light:live", b"v3"), (ControlKeys.thresholds(3), b"{not json"),
+                  (ControlKeys.thresholds(4), doc(4, heavy_budget=0.1)), ("thresholds:abc", doc(5))])
+    assert [d.version for d in state.thresholds] == [4] and state.skipped == 4
+
+
+def test_summary_says_what_was_there() -> None:
+    assert ControlState().empty and ControlState().summary() == "no thresholds, 0 VIPs"
+    state = fold([(ControlKeys.thresholds(1), doc(1)), (ControlKeys.vip("u"), vip_value())])
+    assert state.summary() == "thresholds v1 (1 versions), 1 VIP"
