@@ -191,11 +191,41 @@ class Stack:
             raise ServiceUnavailable(f"port 127.0.0.1:{port} is already in use (another `tierflow up`?); "
                                      "stop it or pass --redis-port")
         data = self.settings.data_dir / "redis"
+        durable = self.settings.embedded.durable
+        if not durable and data.exists():
+            shutil.rmtree(data)  # a fresh start, as the broker's: an earlier run's files are not this run's
         data.mkdir(parents=True, exist_ok=True)
-        p = self.spawn("redis", [redis_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                                 "--save", "", "--appendonly", "no", "--dir", str(data.resolve()),
-                                 "--protected-mode", "no"], service=True)
+        # Under --data, an append-only file as well as the control topic (defence in depth): written every
+        # second, so a restart, even after SIGKILL, finds the heartbeats, replay progress and learned models too.
+        keep = ["--appendonly", "yes", "--appendfsync", "everysec"] if durable else ["--appendonly", "no"]
+        p = self.spawn("redis", [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", *keep,
+                                 "--dir", str(data.resolve()), "--protected-mode", "no"], service=True)
         wait_port("127.0.0.1", port, timeout, p.popen, "the embedded Redis (valkey)")
+
+    def not_restartable(self, name: str) -> str | None:
+        """Why the service `name` must not be started again after it died (None: it may)."""
+        if name == "broker" and not self.settings.embedded.durable:
+            return ("its log was not kept, so the topics and offsets are gone (tierflow up --data DIR keeps it, "
+                    "and then a dead broker is started again)")
+        return None if name in ("redis", "broker") else f"tierflow up does not restart {name}"
+
+    def restart(self, name: str) -> None:
+        """Start the dead service `name` again, on its port and storage: Redis (under --data it reads its
+        append-only file; else it comes back empty and the agents restore it from the control topic), or the
+        broker where its log is durable. ConfigError where it must not be restarted, ServiceUnavailable where
+        this start failed."""
+        why_not = self.not_restartable(name)
+        if why_not:
+            raise ConfigError(why_not)
+        with contextlib.suppress(KeyError):  # absent: an earlier try failed before it spawned one
+            p = self.find(name)
+            if p.popen.poll() is None:
+                raise ConfigError(f"{name} is still running")
+            self.procs.remove(p)
+        if name == "redis":
+            self.start_redis()
+        else:
+            self.start_broker(durable=True)
 
     def start_services(self) -> None:
         """The broker and Redis, each only where no external address is configured."""

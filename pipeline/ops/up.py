@@ -39,14 +39,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         else:
             print_endpoints(s, stack.log_dir, ports, took, why_not)
         restarts: dict[str, list[float]] = {}
+        service_exits: dict[str, list[float]] = {}
         crashed_at: dict[str, list[str]] = {}  # where each agent's batch started when it died, oldest first
         agents = dict(agents_of(s))
         while not stopping.wait(0.5):
             for p in stack.dead():
                 if p.name not in agents:
-                    failure = f"{p.name} exited ({p.popen.returncode}): {last_error_line(stack.tail(p.name, 50))}"
-                    stopping.set()
-                    break
+                    failure = restart_service(stack, p, service_exits.setdefault(p.name, []), stopping)
+                    if failure:
+                        stopping.set()
+                        break
+                    continue
                 recent = [t for t in restarts.get(p.name, []) if time.monotonic() - t < 60]
                 tail = stack.tail(p.name, 80)
                 at = crash_at(tail)
@@ -69,6 +72,38 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     print("tierflow up: stopped", file=sys.stderr)
     return 0
+
+
+SERVICE_TRIES = 5  # starts of a dead service, backing off 0.5, 1, 2, 4, 8 s; and its exits a minute before giving up
+
+
+def restart_service(stack: Any, p: Any, exits: list[float], stopping: threading.Event) -> str | None:
+    """Start a dead service (Redis; the broker under --data) again on its port, backing off; None when it runs
+    again (or the stack is stopping), else why the stack must stop. The agents ride through the gap: they
+    retry Redis and the broker, and restore Redis from the control topic when it comes back empty."""
+    from pipeline.errors import ConfigError, ServiceUnavailable
+
+    now = time.monotonic()
+    exits[:] = [t for t in exits if now - t < 60] + [now]
+    why = last_error_line(stack.tail(p.name, 50))
+    if len(exits) > SERVICE_TRIES:
+        return f"{p.name} keeps exiting ({len(exits)} times within a minute): {why}; log {p.log_path}"
+    why_not = stack.not_restartable(p.name)
+    if why_not:
+        return f"{p.name} exited ({p.popen.returncode}): {why}; not started again: {why_not}"
+    print(f"tierflow up: {p.name} exited ({p.popen.returncode}): {why}; starting it again", file=sys.stderr)
+    last: Exception | None = None
+    for attempt in range(SERVICE_TRIES):
+        if stopping.wait(0.5 * 2 ** attempt):
+            return None
+        try:
+            stack.restart(p.name)
+        except (ConfigError, ServiceUnavailable) as e:
+            last = e
+            continue
+        print(f"tierflow up: {p.name} is back on its port", file=sys.stderr)
+        return None
+    return f"{p.name} exited ({p.popen.returncode}): {why}; not started again: {last}"
 
 
 def agent_metrics_ports(base: int | None, s: Settings) -> dict[str, int]:
