@@ -158,9 +158,9 @@ def test_external_redis_flushed_under_traffic(settings_factory: Callable[..., Se
 
 def test_up_with_data_restarted_keeps_what_it_was_told(services: Settings, tmp_path: Path,
                                                       reliability: Reliability) -> None:
-    """`tierflow up --data DIR`, Ctrl-C, again: VIPs, threshold versions with their history and pins, the live
-    learned model with its weights and history, and replay progress are exactly as before. On the embedded broker
-    of the run (`make test` runs the suite on noida and on tansu)."""
+    """`tierflow up --data DIR`, its Valkey killed with SIGKILL, then Ctrl-C and up again: each time VIPs,
+    threshold versions with their history and pins, the live learned model with its weights and history, and replay
+    progress are exactly as before. On the embedded broker of the run (`make test` runs it on noida and tansu)."""
     from pipeline.adapters.model_store import ModelStore
     from pipeline.contracts.keys import Keys
 
@@ -206,6 +206,21 @@ def test_up_with_data_restarted_keeps_what_it_was_told(services: Settings, tmp_p
         r.hset(keys.replay_job("job-1"), mapping={"position": "[0, 42]", "sent": "42"})
         r.sadd(keys.replay_answered, "a-1", "a-2")
         before = state(r)
+        time.sleep(1.2)  # the append-only file is written every second
+        valkey = next(p for p in _children(first.find("up").popen.pid) if "valkey" in " ".join(_cmdline(p)))
+        os.kill(valkey, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "redis is back on its port" not in first.tail("up", 50):
+            assert time.monotonic() < deadline, first.tail("up", 50)
+            time.sleep(0.05)
+        after_kill = state(redis.Redis(port=s.redis.port))
+        broker_pid = next(p for p in _children(first.find("up").popen.pid)
+                          if any(b in " ".join(_cmdline(p)) for b in ("tansu", "noida-db")))
+        os.kill(broker_pid, signal.SIGKILL)  # under --data, `up` starts its broker again too
+        while "broker is back on its port" not in first.tail("up", 50):
+            assert time.monotonic() < deadline + 60, first.tail("up", 50)
+            time.sleep(0.05)
+        assert first.find("up").popen.poll() is None, first.tail("up", 50)
     finally:
         first.find("up").popen.send_signal(signal.SIGINT)
         first.find("up").popen.wait(60)
@@ -217,12 +232,15 @@ def test_up_with_data_restarted_keeps_what_it_was_told(services: Settings, tmp_p
         again.find("up").popen.send_signal(signal.SIGINT)
         again.find("up").popen.wait(60)
         again.stop()
-    same = {k: after[k] == v for k, v in before.items()}
+    same = {k: after[k] == v and after_kill[k] == v for k, v in before.items()}
     reliability.record(
-        fault=f"`tierflow up --data` stopped and started again ({broker})", variant="short", load="idle",
+        fault=f"`tierflow up --data`: its Valkey, then its broker killed (-9), then up stopped and started "
+              f"again ({broker})",
+        variant="short", load="idle",
         invariants={f"{k} kept": v for k, v in same.items()},
         counts={"threshold versions": len(before["thresholds"]), "VIPs": len(VIPS)},  # type: ignore[arg-type]
-        notes="The embedded Valkey keeps an append-only file under --data; the control topic keeps threshold "
-              "versions and VIPs as well, for a Redis that comes back without its file.",
+        notes="The embedded Valkey keeps an append-only file under --data (written every second) and `up` starts "
+              "it again when it dies; the control topic keeps threshold versions and VIPs as well, for a Redis "
+              "that comes back without its file.",
     )
     assert all(same.values()), {k: (before[k], after[k]) for k, v in same.items() if not v}
