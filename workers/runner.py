@@ -37,7 +37,8 @@ from pipeline.adapters.kafka import (
 from pipeline.adapters.lanes import BackfillLane
 from pipeline.adapters.probes import READINESS
 from pipeline.adapters.redis_client import make_redis
-from pipeline.contracts.keys import Keys
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.contracts.keys import ControlKeys, Keys
 from pipeline.contracts.models import RoutedRequest, decode_model
 from pipeline.contracts.records import (
     Routed,
@@ -151,6 +152,7 @@ class Worker:
                                      self.topics.replay_tier(tier), self.worker_id, self.dlq,
                                      backfill_tx, output=True)
         self.answered_key = Keys(settings.redis.prefix).replay_answered
+        self.control = ThresholdStore.of(settings, self.r)  # to restore an empty Redis before a replay's SADD
         # One round trip and one call for a whole backfill batch: a pipelined SADD per id costs the client more.
         self._sadd_each = self.r.register_script(SADD_EACH)
         self.transactional = tx_id is not None
@@ -339,6 +341,7 @@ class Worker:
         if not ids:
             return set()
         try:
+            self.control.ensure_restored()  # an empty Redis first: its answered ids come back before this SADD
             added = self._sadd_each(keys=[self.answered_key], args=ids)
         except (redis.RedisError, OSError):
             metrics.REDIS_ERRORS.labels("worker").inc()
@@ -419,6 +422,10 @@ class Worker:
             text, fallback, handed = self.book.holding(d["features"]["lang"]), None, HANDOVER_REASON
         else:
             text, fallback, handed = pred.answer, pred.fallback, None
+        if fresh_replays and rid in fresh_replays:
+            # what makes a resumed replay idempotent, durable beside the answer (same batch, same transaction):
+            # a Redis that loses `replay:answered` is given it back from the control topic
+            produce(out, self.topics.control, b"1", ControlKeys.replay_answered(rid))
         ans = answer(d, self.tier, text, pred.intent, pred.confidence, pred.model, infer_ms, dequeued, produced,
                      fallback, handed, pred.write_ms)
         answer_json, result_json = dump_answer_and_result(

@@ -43,7 +43,7 @@ class ThresholdStore:
 
     def __init__(self, client: redis.Redis, prefix: str = "tierflow:", log: ControlLog | None = None) -> None:
         self.r, self.log = client, log
-        keys = Keys(prefix)
+        self.keys = keys = Keys(prefix)
         self.key, self.history_key, self.channel = keys.thresholds, keys.thresholds_history, keys.thresholds_changed
         self.vip_key, self.vip_channel, self.epoch_key = keys.vip, keys.vip_changed, keys.epoch
         self._unwritten: list[tuple[str, bytes | None]] = []  # versions the control topic has not taken yet
@@ -122,6 +122,8 @@ class ThresholdStore:
                     have = self._parse(raw) if raw is not None else None
                     newest = state.current
                     take = newest is not None and (have is None or have.version < newest.version)
+                    jobs = {job: progress for job, progress in state.replay_jobs.items()
+                            if progress and not pipe.exists(self.keys.replay_job(job))}
                     pipe.multi()
                     if take:
                         pipe.delete(self.history_key)
@@ -131,6 +133,10 @@ class ThresholdStore:
                     if state.vips:
                         pipe.sadd(self.vip_key, *state.vips)
                         pipe.publish(self.vip_channel, "restore")
+                    for job, progress in jobs.items():
+                        pipe.hset(self.keys.replay_job(job), mapping=dict(progress))  # type: ignore[arg-type]
+                    if state.replay_answered:
+                        pipe.sadd(self.keys.replay_answered, *state.replay_answered)
                     pipe.set(self.epoch_key, f"restored {time.time():.3f}")
                     pipe.execute()
                 except redis.WatchError:

@@ -37,8 +37,10 @@ from pipeline.adapters.kafka import (
     topics_of,
 )
 from pipeline.adapters.redis_client import make_redis
-from pipeline.contracts.keys import Keys
+from pipeline.adapters.threshold_store import ThresholdStore
+from pipeline.contracts.keys import ControlKeys, Keys
 from pipeline.contracts.models import decode_request
+from pipeline.core.control import replay_progress
 from pipeline.core.pacing import CHUNK, LiveGuard, Pacer, TierLatency
 from pipeline.errors import ConfigError, InvalidMessage, ServiceUnavailable
 from pipeline.settings import Settings
@@ -342,6 +344,9 @@ class Replayer:
             progress: bool = False, max_live_slowdown: float | None = 1.15) -> ReplaySummary:
         key = self.state_key(job)
         self.source_name = source.name
+        # A Redis that lost its state (restarted, flushed) gets it back from the control topic first: where this
+        # job got to, and which ids replays answered
+        ThresholdStore.of(self.s, self.r).ensure_restored()
         raw_state: dict[bytes, bytes] = {} if restart else self.r.hgetall(key)  # type: ignore[assignment]
         state = {k.decode(): v.decode() for k, v in raw_state.items()}
         if state.get("done") == "1":
@@ -374,23 +379,24 @@ class Replayer:
                 break
             chunk.append((pos, raw))
             if len(chunk) >= pacer.chunk_size():
-                self._send_chunk(chunk, headers, summary, force or shadow, key)
+                self._send_chunk(chunk, headers, summary, force or shadow, job)
                 bar.advance(len(chunk), summary)
                 if guard is not None:
                     pacer.rate = guard.wait_rate()
                 pacer.wait(len(chunk))
                 chunk = []
         if chunk:
-            self._send_chunk(chunk, headers, summary, force or shadow, key)
+            self._send_chunk(chunk, headers, summary, force or shadow, job)
             bar.advance(len(chunk), summary)
         bar.close()
         if done_all:
-            self.r.hset(key, "done", "1")
+            saved: dict[bytes, bytes] = self.r.hgetall(key)  # type: ignore[assignment]
+            self._save(job, {**{k.decode(): v.decode() for k, v in saved.items()}, "done": "1"})
         summary.took_s = time.monotonic() - t0
         return summary
 
     def _send_chunk(self, chunk: list[tuple[Any, bytes]], headers: Headers, summary: ReplaySummary,
-                    force: bool, key: str) -> None:
+                    force: bool, job: str) -> None:
         parsed: list[tuple[Any, bytes, Any]] = []
         for pos, raw in chunk:
             try:
@@ -417,12 +423,25 @@ class Replayer:
                         orjson.dumps({"request_id": req.id, "intent": req.label, "ts": int(time.time() * 1000)}),
                         key=req.id)
                 summary.labels += 1
+        progress = self._progress(chunk[-1][0], summary)
+        # The progress goes to the control topic with the chunk (one flush acknowledges both), then to Redis.
+        produce(self.producer, self.topics.control, replay_progress(progress), key=ControlKeys.replay_job(job))
         if self.producer.flush(self.s.flush_timeout_s) or not self.dlq.flush(self.s.flush_timeout_s):
             raise ServiceUnavailable("the broker did not acknowledge the replayed records; progress not saved")
         # Saved only after the flush: a resumed job may resend a chunk, never skip one.
-        self.r.hset(key, mapping={"position": json.dumps(chunk[-1][0]), "sent": summary.sent,
-                                  "skipped": summary.skipped, "invalid": summary.invalid, "labels": summary.labels,
-                                  "updated": time.time()})
+        self.r.hset(self.state_key(job), mapping=progress)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _progress(position: Any, summary: ReplaySummary) -> dict[str, str]:
+        return {"position": json.dumps(position), "sent": str(summary.sent), "skipped": str(summary.skipped),
+                "invalid": str(summary.invalid), "labels": str(summary.labels), "updated": f"{time.time():.3f}"}
+
+    def _save(self, job: str, progress: dict[str, str]) -> None:
+        """A job's progress to the control topic, acknowledged, then to Redis."""
+        produce(self.producer, self.topics.control, replay_progress(progress), key=ControlKeys.replay_job(job))
+        if self.producer.flush(self.s.flush_timeout_s):
+            raise ServiceUnavailable("the broker did not acknowledge the replay's progress; not saved")
+        self.r.hset(self.state_key(job), mapping=progress)  # type: ignore[arg-type]
 
     def _answered(self, ids: list[str]) -> set[str]:
         if not ids:

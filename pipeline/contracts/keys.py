@@ -106,10 +106,21 @@ class Keys:
 
 class ControlKeys:
     """Record keys on the control topic (`Topics.control`), one per fact so compaction keeps each one's latest:
-    `thresholds:<version>` (that version's document) and `vip:<user>` (present; a tombstone removes it)."""
+    `thresholds:<version>` (that version's document), `vip:<user>` (present; a tombstone removes it),
+    `replay:job:<job>` (a replay job's progress) and `replay:answered:<request id>` (a replay answered it)."""
 
     THRESHOLDS = "thresholds"
     VIP = "vip"
+    REPLAY_JOB = "replay:job"
+    REPLAY_ANSWERED = "replay:answered"
+
+    @staticmethod
+    def replay_job(job: str) -> str:
+        return f"{ControlKeys.REPLAY_JOB}:{job}"
+
+    @staticmethod
+    def replay_answered(request_id: str) -> str:
+        return f"{ControlKeys.REPLAY_ANSWERED}:{request_id}"
 
     @staticmethod
     def thresholds(version: int) -> str:

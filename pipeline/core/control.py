@@ -8,8 +8,8 @@ the state; the latest record of a key wins.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import orjson
 from pydantic import ValidationError
@@ -20,10 +20,13 @@ from pipeline.core.thresholds import Thresholds
 
 @dataclass(frozen=True, slots=True)
 class ControlState:
-    """Every threshold version (oldest first) and the VIP set, as the control topic holds them."""
+    """Every threshold version (oldest first), the VIP set, replay jobs' progress and the request ids replays
+    answered, as the control topic holds them."""
 
     thresholds: tuple[Thresholds, ...] = ()
     vips: frozenset[str] = frozenset()
+    replay_jobs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    replay_answered: frozenset[str] = frozenset()
     skipped: int = 0  # records that were not ours or not valid: counted, never fatal
 
     @property
@@ -32,23 +35,45 @@ class ControlState:
 
     @property
     def empty(self) -> bool:
-        return not self.thresholds and not self.vips
+        return not (self.thresholds or self.vips or self.replay_jobs or self.replay_answered)
 
     def summary(self) -> str:
         th = f"thresholds v{self.current.version} ({len(self.thresholds)} versions)" if self.current \
             else "no thresholds"
-        return f"{th}, {len(self.vips)} VIP{'' if len(self.vips) == 1 else 's'}"
+        out = f"{th}, {len(self.vips)} VIP{'' if len(self.vips) == 1 else 's'}"
+        if self.replay_jobs or self.replay_answered:
+            out += f", {len(self.replay_jobs)} replay job(s) with {len(self.replay_answered)} answered ids"
+        return out
 
 
 def fold(records: Iterable[tuple[bytes | str | None, bytes | None]]) -> ControlState:
     """The state that `(key, value)` records in log order describe."""
     versions: dict[int, Thresholds] = {}
     vips: set[str] = set()
+    jobs: dict[str, dict[str, str]] = {}
+    answered: set[str] = set()
     skipped = 0
     for raw_key, value in records:
-        key = raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key
-        kind, _, name = (key or "").partition(":")
-        if kind == ControlKeys.THRESHOLDS and name.isdigit():
+        key = (raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key) or ""
+        kind, _, name = key.partition(":")
+        if key.startswith(ControlKeys.REPLAY_ANSWERED + ":"):
+            rid = key[len(ControlKeys.REPLAY_ANSWERED) + 1:]
+            (answered.discard if value is None else answered.add)(rid)
+        elif key.startswith(ControlKeys.REPLAY_JOB + ":"):
+            job = key[len(ControlKeys.REPLAY_JOB) + 1:]
+            if value is None:
+                jobs.pop(job, None)
+                continue
+            try:
+                progress = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                skipped += 1
+                continue
+            if not isinstance(progress, dict):
+                skipped += 1
+                continue
+            jobs[job] = {str(k): str(v) for k, v in progress.items()}
+        elif kind == ControlKeys.THRESHOLDS and name.isdigit():
             if value is None:
                 versions.pop(int(name), None)
                 continue
@@ -65,7 +90,13 @@ def fold(records: Iterable[tuple[bytes | str | None, bytes | None]]) -> ControlS
                 vips.add(name)
         else:
             skipped += 1
-    return ControlState(tuple(versions[v] for v in sorted(versions)), frozenset(vips), skipped)
+    return ControlState(tuple(versions[v] for v in sorted(versions)), frozenset(vips), jobs, frozenset(answered),
+                        skipped)
+
+
+def replay_progress(progress: Mapping[str, object]) -> bytes:
+    """A replay job's progress record: the fields of its Redis hash, as strings (as Redis returns them)."""
+    return orjson.dumps({k: str(v) for k, v in progress.items()})
 
 
 def vip_value() -> bytes:

@@ -176,6 +176,7 @@ def test_up_with_data_restarted_keeps_what_it_was_told(services: Settings, tmp_p
 
     def start() -> Stack:
         stack = Stack(s)
+        (stack.log_dir / "up.log").unlink(missing_ok=True)  # the log is appended to: the last run said "up" too
         stack.spawn("up", [sys.executable, "-m", "pipeline.cli", "up", "--data", str(s.data_dir)],
                     env={**env, "TIERFLOW_LIGHT_MODEL": "echo", "TIERFLOW_HEAVY_MODEL": "echo",
                          "TIERFLOW_MULTIMODAL_MODEL": "echo", "TIERFLOW_ZH_MODEL": ""})

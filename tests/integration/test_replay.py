@@ -255,3 +255,35 @@ def test_a_request_that_fits_its_file_but_not_the_replay_headers_is_dead_lettere
     hd = headers_dict(dead[0])
     assert hd["x-error-kind"] == "oversize" and "replay" in hd.get("x-stage", "replay"), hd
     assert "bytes" in hd["x-error"], hd
+
+
+def test_replay_resumed_after_redis_lost_its_state_answers_no_id_twice(echo_processes: Settings,
+                                                                       tmp_path: Path) -> None:
+    """Killed mid-way, then every key of the pipeline gone from Redis (a restart without persistence, a flush),
+    then resumed: the job's position and the answered ids come back from the control topic, so the resumed run
+    neither starts over nor answers an id again."""
+    s = echo_processes
+    path = tmp_path / "backfill.jsonl"
+    path.write_text("".join(orjson.dumps({"id": f"lost-{i}", "text": TEXTS[i % 4]}).decode() + "\n"
+                            for i in range(2000)))
+    answers = reader(s, topics_of(s).answers)
+    env = {**os.environ, **s.with_env()}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "replay", "--file", str(path), "--rate", "600"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = [a for a in values(drain(answers, lambda ms: len(ms) >= 200, timeout=60)) if a["replay"]]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first += [a for a in values(drain(answers, lambda ms: False, timeout=3)) if a["replay"]]
+    assert 0 < len(first) < 2000
+    r = redis.Redis.from_url(s.redis.address)
+    lost = list(r.scan_iter(f"{s.redis.prefix}*"))
+    assert any(k.endswith(b"replay:answered") for k in lost)
+    r.delete(*lost)
+    out = cli(s, "replay", "--file", str(path))
+    skipped = int(out.stdout.split("skipped ", 1)[1].split()[0])
+    assert skipped <= 60, out.stdout  # resumed where it got to: at most its last chunk (0.1 s at 600/s) again
+    rest = values(drain(answers, lambda ms: len(first) + len(ms) >= 2000, timeout=60, settle=2.0))
+    ids = Counter(a["request_id"] for a in first + rest if a["replay"])
+    assert set(ids) == {f"lost-{i}" for i in range(2000)}
+    assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1][:10]
+    answers.close()

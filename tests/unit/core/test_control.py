@@ -4,7 +4,7 @@ record that is not ours is counted, never fatal."""
 from __future__ import annotations
 
 from pipeline.contracts.keys import ControlKeys
-from pipeline.core.control import ControlState, fold, vip_value
+from pipeline.core.control import ControlState, fold, replay_progress, vip_value
 from pipeline.core.thresholds import Thresholds
 
 
@@ -36,3 +36,13 @@ def test_summary_says_what_was_there() -> None:
     assert ControlState().empty and ControlState().summary() == "no thresholds, 0 VIPs"
     state = fold([(ControlKeys.thresholds(1), doc(1)), (ControlKeys.vip("u"), vip_value())])
     assert state.summary() == "thresholds v1 (1 versions), 1 VIP"
+
+
+def test_replay_progress_and_answered_ids_fold_like_the_rest() -> None:
+    state = fold([(ControlKeys.replay_job("job-1"), replay_progress({"position": "[0, 60]", "sent": 60})),
+                  (ControlKeys.replay_answered("r-1"), b"1"), (ControlKeys.replay_answered("r-2"), b"1"),
+                  (ControlKeys.replay_job("job-1"), replay_progress({"position": "[0, 120]", "sent": 120})),
+                  (ControlKeys.replay_answered("r-2"), None), (ControlKeys.replay_job("job-2"), b"[1, 2]")])
+    assert state.replay_jobs == {"job-1": {"position": "[0, 120]", "sent": "120"}}
+    assert state.replay_answered == frozenset({"r-1"}) and state.skipped == 1
+    assert state.summary() == "no thresholds, 0 VIPs, 1 replay job(s) with 1 answered ids"
