@@ -82,6 +82,15 @@ def settings_factory(services: Settings) -> Iterator[Callable[..., Settings]]:
             delete_topics(s, topics_of(s).all(), timeout=10)
 
 
+@pytest.fixture
+def own_redis(services: Settings, tmp_path: Path) -> Iterator[Stack]:
+    """A Redis of the test's own (no persistence): it may be flushed, killed and started again on its port."""
+    stack = Stack(services.updated(redis_url=None, redis_port=free_port(), data_dir=tmp_path / "own-redis"))
+    stack.start_redis()
+    yield stack
+    stack.stop()
+
+
 @dataclass
 class Running:
     """Agents running in threads of the test process; `stop()` joins them."""

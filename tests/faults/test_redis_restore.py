@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -108,14 +108,6 @@ def test_embedded_redis_killed_under_tierflow_up(settings_factory: Callable[...,
         assert restore_s <= 2.0, restore_s  # the target is 1 s (recorded above); 2 s leaves room for a busy CI
     finally:
         up.stop()
-
-
-@pytest.fixture
-def own_redis(services: Settings, tmp_path: Path) -> Iterator[Stack]:
-    stack = Stack(services.updated(redis_url=None, redis_port=free_port(), data_dir=tmp_path))
-    stack.start_redis()
-    yield stack
-    stack.stop()
 
 
 def test_external_redis_flushed_under_traffic(settings_factory: Callable[..., Settings], own_redis: Stack,

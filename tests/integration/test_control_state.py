@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -14,19 +13,10 @@ import redis
 from pipeline.adapters.control_log import ControlLog
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
 from pipeline.contracts.keys import ControlKeys
-from pipeline.ops.devstack import Stack, free_port
+from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def own_redis(services: Settings, tmp_path: Path) -> Iterator[Stack]:
-    """A Redis of this test's own: it may be flushed, killed and started again on the same port."""
-    stack = Stack(services.updated(redis_url=None, redis_port=free_port(), data_dir=tmp_path))
-    stack.start_redis()
-    yield stack
-    stack.stop()
 
 
 def operator_state(s: Settings, r: redis.Redis) -> ThresholdStore:

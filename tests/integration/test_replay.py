@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 import redis
+from confluent_kafka import Consumer
 
 from pipeline.adapters.brokers import EmbeddedBroker
 from pipeline.adapters.dlq import headers_dict
@@ -172,21 +173,27 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
         assert p95_during <= 1.2 * p95_base, (p95_base, p95_during)
 
 
-def test_interrupted_replay_resumes(echo_processes: Settings, tmp_path: Path) -> None:
-    s = echo_processes
-    path = tmp_path / "backfill.jsonl"
-    path.write_text("".join(orjson.dumps({"id": f"file-{i}", "text": TEXTS[i % 4]}).decode() + "\n"
-                            for i in range(3000)))
+def interrupted_replay(s: Settings, path: Path, tag: str, n: int) -> tuple[Consumer, list[dict[str, Any]]]:
+    """`tierflow replay --file` of `n` requests at 600/s, killed once a few hundred are answered (it first waits
+    up to 3 s for live traffic to measure); the answers reader and the replay answers seen so far."""
+    path.write_text("".join(orjson.dumps({"id": f"{tag}-{i}", "text": TEXTS[i % 4]}).decode() + "\n"
+                            for i in range(n)))
     answers = reader(s, topics_of(s).answers)
     env = {**os.environ, **s.with_env()}
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "replay", "--file", str(path), "--rate", "600"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # Killed once a few hundred are answered (the replay first waits up to 3 s for live traffic to measure).
     first = [a for a in values(drain(answers, lambda ms: len(ms) >= 200, timeout=60)) if a["replay"]]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     first += [a for a in values(drain(answers, lambda ms: False, timeout=3)) if a["replay"]]
-    assert 0 < len(first) < 3000
+    assert 0 < len(first) < n
+    return answers, first
+
+
+def test_interrupted_replay_resumes(echo_processes: Settings, tmp_path: Path) -> None:
+    s = echo_processes
+    path = tmp_path / "backfill.jsonl"
+    answers, first = interrupted_replay(s, path, "file", 3000)
     out = cli(s, "replay", "--file", str(path))
     assert "sent" in out.stdout
     rest = values(drain(answers, lambda ms: len(first) + len(ms) >= 3000, timeout=60, settle=2.0))
@@ -264,17 +271,7 @@ def test_replay_resumed_after_redis_lost_its_state_answers_no_id_twice(echo_proc
     neither starts over nor answers an id again."""
     s = echo_processes
     path = tmp_path / "backfill.jsonl"
-    path.write_text("".join(orjson.dumps({"id": f"lost-{i}", "text": TEXTS[i % 4]}).decode() + "\n"
-                            for i in range(2000)))
-    answers = reader(s, topics_of(s).answers)
-    env = {**os.environ, **s.with_env()}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "replay", "--file", str(path), "--rate", "600"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = [a for a in values(drain(answers, lambda ms: len(ms) >= 200, timeout=60)) if a["replay"]]
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    first += [a for a in values(drain(answers, lambda ms: False, timeout=3)) if a["replay"]]
-    assert 0 < len(first) < 2000
+    answers, first = interrupted_replay(s, path, "lost", 2000)
     r = redis.Redis.from_url(s.redis.address)
     lost = list(r.scan_iter(f"{s.redis.prefix}*"))
     assert any(k.endswith(b"replay:answered") for k in lost)
