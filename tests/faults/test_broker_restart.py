@@ -206,7 +206,8 @@ def test_memory_broker_restart_under_tierflow_up(memory_broker: tuple[Stack, Set
 
 def test_embedded_broker_death_stops_tierflow_up(services: Settings, tmp_path: Path,
                                                  reliability: Reliability) -> None:
-    """With its own embedded broker, `tierflow up` does not restart the broker: it says so and stops all."""
+    """With its own embedded broker and no --data, `tierflow up` does not restart the broker (its log is gone): it
+    says so and stops all."""
     s = services.updated(kafka_bootstrap=None, kafka_port=free_port(), data_dir=tmp_path,
                          topic_prefix=f"e{uuid.uuid4().hex[:8]}.")
     # The test's Redis, but no TIERFLOW_KAFKA_BOOTSTRAP: `up` starts its own broker on a free port.
@@ -231,9 +232,10 @@ def test_embedded_broker_death_stops_tierflow_up(services: Settings, tmp_path: P
             variant="short", load="idle pipeline",
             invariants={"`tierflow up` says the broker exited and stops": said, "no agent left running": not left},
             counts={"s until everything stopped": round(stopped_s, 1)},
-            notes="`tierflow up` restarts agents, not servers: a dead embedded broker ends the run, exit 1, with "
-                  "'tierflow up: broker exited (-9): <its last log line>'. Start again (`--data DIR` keeps the log "
-                  "where the broker can).",
+            notes="Without --data the embedded broker's log is gone with it, so `tierflow up` does not start it "
+                  "again: the run ends, exit 1, with 'tierflow up: broker exited (-9): <its last log line>; not "
+                  "started again: its log was not kept ...'. Under --data it is started again on its port "
+                  "(tests/faults/test_redis_restore.py).",
         )
         assert said, up.output()
         assert not left

@@ -1,7 +1,8 @@
 """Redis goes away under real agent processes: routing goes on with the last-known thresholds, workers keep
 answering (their heartbeats fail quietly), and everything recovers when Redis is back (empty: no
-persistence, as the embedded Valkey runs). tests/integration/test_routing_live.py covers the same with
-agents in threads; this one kills a real server under real processes and counts every request.
+persistence, as the embedded Valkey runs without --data; refilled from the control topic).
+tests/integration/test_routing_live.py covers the same with agents in threads; this one kills a real server under
+real processes and counts every request.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def test_redis_outage_under_load(settings_factory: Callable[..., Settings], own_
             peak_rss_mib=rss.peak_mib(),
             notes="Redis is off the hot path: ingest routes from its cached thresholds, health keeps its last "
                   "verdict, workers' heartbeats fail and are retried each second. Back empty, the ingest cache "
-                  "writes its last-known document again; heavy may read as 'no_workers' for the second before "
-                  "the first heartbeat (counted in degraded answers).",
+                  "restores it from the control topic (every threshold version, the VIPs); heavy may read as "
+                  "'no_workers' for the second before the first heartbeat (counted in degraded answers).",
         )
         assert not dead, [agents.log(n)[-1500:] for n in ("ingest", "worker-light")]
         assert verdict.held, (verdict.violations, trace(s, verdict.lost[:3]))
