@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPa
 
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
+from pipeline.adapters.control_cache import ControlCache
 from pipeline.adapters.dlq import DeadLetters
 from pipeline.adapters.doorbell import Bell, ring
 from pipeline.adapters.heartbeats import RECENT_S, Heartbeat, LatencyWindow
@@ -37,7 +38,6 @@ from pipeline.adapters.kafka import (
 from pipeline.adapters.lanes import BackfillLane
 from pipeline.adapters.probes import READINESS
 from pipeline.adapters.redis_client import make_redis
-from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import ControlKeys, Keys
 from pipeline.contracts.models import RoutedRequest, decode_model
 from pipeline.contracts.records import (
@@ -152,7 +152,7 @@ class Worker:
                                      self.topics.replay_tier(tier), self.worker_id, self.dlq,
                                      backfill_tx, output=True)
         self.answered_key = Keys(settings.redis.prefix).replay_answered
-        self.control = ThresholdStore.of(settings, self.r)  # to restore an empty Redis before a replay's SADD
+        self.control = ControlCache.of(settings, self.r)  # to restore an empty Redis before a replay's SADD
         # One round trip and one call for a whole backfill batch: a pipelined SADD per id costs the client more.
         self._sadd_each = self.r.register_script(SADD_EACH)
         self.transactional = tx_id is not None

@@ -9,6 +9,9 @@ same bytes a pointer names, with no shared disk. Keys are in `pipeline/contracts
 - `models:light:history`      JSON events {at, action, version, previous, who, why, evidence}, oldest first
 
 A pointer change and its history entry are one MULTI: no version goes live without its reason written.
+
+With a `ControlLog` every one of these is on the control topic too (versions and history first, the pointer after
+Redis's check decides it), so a Redis that lost them gets them back (`ThresholdStore.restore`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from typing import Any
 
 import redis
 
-from pipeline.contracts.keys import Keys
+from pipeline.adapters.control_cache import ControlCache
+from pipeline.adapters.control_log import ControlLog
+from pipeline.contracts.keys import ControlKeys, Keys
+from pipeline.core.control import model_value
 from pipeline.errors import ConfigError
+from pipeline.settings import Settings
 
 PACKAGED = "packaged"  # the domain pack's trained model, served when no learned version is live
 
@@ -28,16 +35,34 @@ PACKAGED = "packaged"  # the domain pack's trained model, served when no learned
 class ModelStore:
     """Versions, the live pointer and the history of the light model."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "tierflow:", keep: int = 20) -> None:
-        self.r, self.keys, self.keep = client, Keys(prefix), keep
+    def __init__(self, client: redis.Redis, prefix: str = "tierflow:", keep: int = 20,
+                 log: ControlLog | None = None) -> None:
+        self.r, self.keys, self.keep, self.log = client, Keys(prefix), keep, log
+        self.cache = ControlCache(client, prefix, log)
+
+    @classmethod
+    def of(cls, settings: Settings, client: redis.Redis) -> ModelStore:
+        """The store of a pipeline: Redis as the cache of the pipeline's control topic."""
+        return cls(client, settings.redis.prefix, log=ControlLog(settings))
+
+    def _write_log(self, records: list[tuple[str, bytes | None]]) -> None:
+        if self.log is not None:
+            self.log.put(records)
+
+    def _restored(self) -> None:
+        """Before a write: an empty Redis gets the versions and history back first, so none is written over."""
+        self.cache.ensure_restored()
 
     # --- versions ---
     def put(self, version: str, weights: bytes, manifest: dict[str, Any]) -> None:
         """Store a new version (a candidate until promoted); the oldest beyond `keep` are pruned."""
+        self._restored()
+        created = time.time()
+        self._write_log([(ControlKeys.model_version(version), model_value(weights, manifest, created))])
         with self.r.pipeline() as pipe:
             pipe.hset(self.keys.model_version(version), mapping={"weights": weights,
                                                                  "manifest": json.dumps(manifest)})
-            pipe.zadd(self.keys.model_versions, {version: time.time()})
+            pipe.zadd(self.keys.model_versions, {version: created})
             pipe.execute()
         self.prune()
 
@@ -56,6 +81,10 @@ class ModelStore:
 
     def update_manifest(self, version: str, **fields: Any) -> dict[str, Any]:
         manifest = {**self.manifest(version), **fields}
+        if self.log is not None:
+            created = self.r.zscore(self.keys.model_versions, version) or time.time()
+            self._write_log([(ControlKeys.model_version(version),
+                              model_value(self.weights(version), manifest, float(created)))])
         self.r.hset(self.keys.model_version(version), "manifest", json.dumps(manifest))
         return manifest
 
@@ -72,6 +101,7 @@ class ModelStore:
         protected = {self.live(), *(e.get("previous") for e in self.history(last=self.keep))}
         for v in versions[self.keep:]:
             if v not in protected:
+                self._write_log([(ControlKeys.model_version(v), None)])
                 with self.r.pipeline() as pipe:
                     pipe.delete(self.keys.model_version(v))
                     pipe.zrem(self.keys.model_versions, v)
@@ -85,6 +115,7 @@ class ModelStore:
     def set_live(self, version: str, action: str, who: str, why: str,
                  evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         """Point the light tier at `version` (PACKAGED: the pack's own) and record why, atomically."""
+        self._restored()
         if version != PACKAGED and not self.r.exists(self.keys.model_version(version)):
             raise ConfigError(f"no light model version {version!r} in Redis (`tierflow models list` shows them)")
         while True:
@@ -99,14 +130,19 @@ class ModelStore:
                     pipe.rpush(self.keys.model_history, json.dumps(event))
                     pipe.publish(self.keys.model_changed, version)
                     pipe.execute()
-                    return event
                 except redis.WatchError:
                     continue
+            # After the commit, as for thresholds: Redis's check decides which change won
+            self._write_log([(ControlKeys.model_event(event["at"], action, version), json.dumps(event).encode()),
+                             (ControlKeys.MODEL_LIVE, version.encode())])
+            return event
 
     def record(self, action: str, version: str, who: str, why: str,
                evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         """A history entry that moves no pointer (a candidate stored, a candidate rejected)."""
+        self._restored()
         event = self._event(action, version, who, why, evidence, self.live())
+        self._write_log([(ControlKeys.model_event(event["at"], action, version), json.dumps(event).encode())])
         self.r.rpush(self.keys.model_history, json.dumps(event))
         return event
 

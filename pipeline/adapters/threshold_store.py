@@ -27,6 +27,7 @@ import redis
 from pydantic import ValidationError
 
 from pipeline import metrics
+from pipeline.adapters.control_cache import ControlCache
 from pipeline.adapters.control_log import ControlLog
 from pipeline.adapters.periodic import Periodic
 from pipeline.contracts.keys import ControlKeys, Keys
@@ -46,8 +47,8 @@ class ThresholdStore:
         self.keys = keys = Keys(prefix)
         self.key, self.history_key, self.channel = keys.thresholds, keys.thresholds_history, keys.thresholds_changed
         self.vip_key, self.vip_channel, self.epoch_key = keys.vip, keys.vip_changed, keys.epoch
+        self.cache = ControlCache(client, prefix, log)
         self._unwritten: list[tuple[str, bytes | None]] = []  # versions the control topic has not taken yet
-        self._failed_at = 0.0  # when reading the control topic last failed (0: it did not)
 
     @classmethod
     def of(cls, settings: Settings, client: redis.Redis) -> ThresholdStore:
@@ -84,71 +85,13 @@ class ThresholdStore:
         return self._parse(self.r.get(self.key) or payload)
 
     def ensure_restored(self) -> None:
-        """Restore an empty Redis from the control topic first (a no-op once it holds the state, or without a log).
-        When the topic cannot be read, Redis serves alone meanwhile (restore says so)."""
-        if self.log is not None and not self.seeded():
-            with contextlib.suppress(ServiceUnavailable):
-                self.restore()
+        self.cache.ensure_restored()
 
     def seeded(self) -> bool:
-        """Whether this Redis holds the control state (False: it is empty, restarted or flushed)."""
-        return bool(self.r.exists(self.epoch_key))
+        return self.cache.seeded()
 
     def restore(self, state: ControlState | None = None) -> str | None:
-        """Fill an empty Redis from the control topic (`state`: already read from it). Version-checked: a document
-        Redis already has at the same or a newer version stays, VIPs are added; one restorer wins (the epoch key
-        is watched) and the others find it done. Returns what was restored (None: nothing needed)."""
-        if self.log is None:
-            return None
-        if state is None:
-            if time.monotonic() - self._failed_at < 1.0:  # at most one try a second while the broker is away
-                raise ServiceUnavailable(f"the control topic {self.log.topic} could not be read a moment ago")
-            try:
-                state = self.log.read()
-            except ServiceUnavailable as e:
-                if not self._failed_at:
-                    log.warning("Redis is empty and the control topic cannot be read (%s); going on with what "
-                                "this process knows, trying again each second", e)
-                self._failed_at = time.monotonic()
-                raise
-            self._failed_at = 0.0
-        while True:
-            with self.r.pipeline() as pipe:
-                try:
-                    pipe.watch(self.epoch_key, self.key)
-                    if pipe.exists(self.epoch_key):
-                        return None
-                    raw = pipe.get(self.key)
-                    have = self._parse(raw) if raw is not None else None
-                    newest = state.current
-                    take = newest is not None and (have is None or have.version < newest.version)
-                    jobs = {job: progress for job, progress in state.replay_jobs.items()
-                            if progress and not pipe.exists(self.keys.replay_job(job))}
-                    pipe.multi()
-                    if take:
-                        pipe.delete(self.history_key)
-                        pipe.rpush(self.history_key, *(d.model_dump_json() for d in state.thresholds))
-                        pipe.set(self.key, state.thresholds[-1].model_dump_json())
-                        pipe.publish(self.channel, str(state.thresholds[-1].version))
-                    if state.vips:
-                        pipe.sadd(self.vip_key, *state.vips)
-                        pipe.publish(self.vip_channel, "restore")
-                    for job, progress in jobs.items():
-                        pipe.hset(self.keys.replay_job(job), mapping=dict(progress))  # type: ignore[arg-type]
-                    if state.replay_answered:
-                        pipe.sadd(self.keys.replay_answered, *state.replay_answered)
-                    pipe.set(self.epoch_key, f"restored {time.time():.3f}")
-                    pipe.execute()
-                except redis.WatchError:
-                    continue
-            if have is not None and newest is not None and have.version > newest.version:
-                # Redis is ahead (the topic missed versions while the broker was away): the topic catches up
-                self._write_log([(ControlKeys.thresholds(d.version), d.model_dump_json().encode())
-                                 for d in self.history() if d.version > newest.version])
-            said = f"restored {state.summary()} from the control topic {self.log.topic}" if not state.empty \
-                else f"the control topic {self.log.topic} is empty: Redis starts from the defaults"
-            log.info("%s", said)
-            return said
+        return self.cache.restore(state)
 
     def _write_log(self, records: list[tuple[str, bytes | None]]) -> None:
         """Put records on the control topic, with any an earlier try could not; keep them for the next when the

@@ -27,6 +27,7 @@ import orjson
 import redis
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from pipeline.adapters.control_cache import ControlCache
 from pipeline.adapters.dlq import DeadLetters, error_headers
 from pipeline.adapters.heartbeats import RECENT_S, read_heartbeats
 from pipeline.adapters.kafka import (
@@ -37,7 +38,6 @@ from pipeline.adapters.kafka import (
     topics_of,
 )
 from pipeline.adapters.redis_client import make_redis
-from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import ControlKeys, Keys
 from pipeline.contracts.models import decode_request
 from pipeline.core.control import replay_progress
@@ -346,7 +346,7 @@ class Replayer:
         self.source_name = source.name
         # A Redis that lost its state (restarted, flushed) gets it back from the control topic first: where this
         # job got to, and which ids replays answered
-        ThresholdStore.of(self.s, self.r).ensure_restored()
+        ControlCache.of(self.s, self.r).ensure_restored()
         raw_state: dict[bytes, bytes] = {} if restart else self.r.hgetall(key)  # type: ignore[assignment]
         state = {k.decode(): v.decode() for k, v in raw_state.items()}
         if state.get("done") == "1":

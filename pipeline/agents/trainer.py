@@ -103,7 +103,7 @@ class Trainer:
         self.s, self.cfg = settings, settings.learn
         self.topics = topics_of(settings)
         self.r = r or make_redis(settings)
-        self.models = ModelStore(self.r, settings.redis.prefix)
+        self.models = ModelStore.of(settings, self.r)
         self.packaged = CharNgramClassifier.from_settings(settings, Tier.LIGHT)
         self.labels = list(self.packaged.labels)
         cfg = self.cfg

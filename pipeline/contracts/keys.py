@@ -107,12 +107,27 @@ class Keys:
 class ControlKeys:
     """Record keys on the control topic (`Topics.control`), one per fact so compaction keeps each one's latest:
     `thresholds:<version>` (that version's document), `vip:<user>` (present; a tombstone removes it),
-    `replay:job:<job>` (a replay job's progress) and `replay:answered:<request id>` (a replay answered it)."""
+    `replay:job:<job>` (a replay job's progress), `replay:answered:<request id>` (a replay answered it), and the
+    learned light model's `models:light:v:<version>` (weights and manifest; a tombstone once pruned),
+    `models:light:live` (the pointer) and `models:light:event:<n>` (its history, one record per event)."""
 
     THRESHOLDS = "thresholds"
     VIP = "vip"
     REPLAY_JOB = "replay:job"
     REPLAY_ANSWERED = "replay:answered"
+
+    MODEL_VERSION = "models:light:v"
+    MODEL_LIVE = "models:light:live"
+    MODEL_EVENT = "models:light:event"
+
+    @staticmethod
+    def model_version(version: str) -> str:
+        return f"{ControlKeys.MODEL_VERSION}:{version}"
+
+    @staticmethod
+    def model_event(at: float, action: str, version: str) -> str:
+        """Unique per event (time in ms, what, which version): the history is every such record, in time order."""
+        return f"{ControlKeys.MODEL_EVENT}:{int(at * 1000):013d}:{action}:{version}"
 
     @staticmethod
     def replay_job(job: str) -> str:

@@ -8,14 +8,25 @@ the state; the latest record of a key wins.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
 from pipeline.contracts.keys import ControlKeys
 from pipeline.core.thresholds import Thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersion:
+    """A learned light model version as the control topic keeps it."""
+
+    weights: bytes
+    manifest: Mapping[str, Any]
+    created: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +38,9 @@ class ControlState:
     vips: frozenset[str] = frozenset()
     replay_jobs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     replay_answered: frozenset[str] = frozenset()
+    models: Mapping[str, ModelVersion] = field(default_factory=dict)  # the learned light model's stored versions
+    model_live: str | None = None  # the live pointer (None: never set, the packaged model serves)
+    model_history: tuple[Mapping[str, Any], ...] = ()  # every promotion, rejection and rollback, oldest first
     skipped: int = 0  # records that were not ours or not valid: counted, never fatal
 
     @property
@@ -35,12 +49,15 @@ class ControlState:
 
     @property
     def empty(self) -> bool:
-        return not (self.thresholds or self.vips or self.replay_jobs or self.replay_answered)
+        return not (self.thresholds or self.vips or self.replay_jobs or self.replay_answered or self.models
+                    or self.model_history)
 
     def summary(self) -> str:
         th = f"thresholds v{self.current.version} ({len(self.thresholds)} versions)" if self.current \
             else "no thresholds"
         out = f"{th}, {len(self.vips)} VIP{'' if len(self.vips) == 1 else 's'}"
+        if self.models or self.model_history:
+            out += f", light model {self.model_live or 'packaged'} ({len(self.models)} versions stored)"
         if self.replay_jobs or self.replay_answered:
             out += f", {len(self.replay_jobs)} replay job(s) with {len(self.replay_answered)} answered ids"
         return out
@@ -52,11 +69,39 @@ def fold(records: Iterable[tuple[bytes | str | None, bytes | None]]) -> ControlS
     vips: set[str] = set()
     jobs: dict[str, dict[str, str]] = {}
     answered: set[str] = set()
+    models: dict[str, ModelVersion] = {}
+    events: dict[str, Mapping[str, Any]] = {}
+    live: str | None = None
     skipped = 0
     for raw_key, value in records:
         key = (raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key) or ""
         kind, _, name = key.partition(":")
-        if key.startswith(ControlKeys.REPLAY_ANSWERED + ":"):
+        if key.startswith(ControlKeys.MODEL_VERSION + ":"):
+            version = key[len(ControlKeys.MODEL_VERSION) + 1:]
+            if value is None:
+                models.pop(version, None)
+                continue
+            try:
+                doc = orjson.loads(value)
+                models[version] = ModelVersion(base64.b64decode(doc["weights"]), doc["manifest"],
+                                               float(doc["created"]))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                skipped += 1
+        elif key == ControlKeys.MODEL_LIVE:
+            live = None if value is None else value.decode("utf-8", "replace")
+        elif key.startswith(ControlKeys.MODEL_EVENT + ":"):
+            try:
+                event = orjson.loads(value) if value is not None else None
+            except orjson.JSONDecodeError:
+                skipped += 1
+                continue
+            if isinstance(event, dict):
+                events[key] = event
+            elif value is None:
+                events.pop(key, None)
+            else:
+                skipped += 1
+        elif key.startswith(ControlKeys.REPLAY_ANSWERED + ":"):
             rid = key[len(ControlKeys.REPLAY_ANSWERED) + 1:]
             (answered.discard if value is None else answered.add)(rid)
         elif key.startswith(ControlKeys.REPLAY_JOB + ":"):
@@ -91,12 +136,17 @@ def fold(records: Iterable[tuple[bytes | str | None, bytes | None]]) -> ControlS
         else:
             skipped += 1
     return ControlState(tuple(versions[v] for v in sorted(versions)), frozenset(vips), jobs, frozenset(answered),
-                        skipped)
+                        models, live, tuple(events[k] for k in sorted(events)), skipped)
 
 
 def replay_progress(progress: Mapping[str, object]) -> bytes:
     """A replay job's progress record: the fields of its Redis hash, as strings (as Redis returns them)."""
     return orjson.dumps({k: str(v) for k, v in progress.items()})
+
+
+def model_value(weights: bytes, manifest: Mapping[str, Any], created: float) -> bytes:
+    """A stored model version's record: its manifest and its weights (base64: the record is JSON, like the rest)."""
+    return orjson.dumps({"manifest": manifest, "created": created, "weights": base64.b64encode(weights).decode()})
 
 
 def vip_value() -> bytes:

@@ -27,7 +27,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     s = settings_of(args)
     r = make_redis(s, command=True)
-    store = ModelStore(r, s.redis.prefix)
+    store = ModelStore.of(s, r)
+    store.cache.ensure_restored()  # an empty Redis shows what the control topic kept, not nothing
     who = f"cli:{os.environ.get('USER', 'operator')}"
     if args.action == "list":
         live = store.live()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from pipeline.adapters.model_store import ModelStore
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.ops.devstack import Stack, free_port
 from pipeline.settings import Settings
@@ -29,17 +30,22 @@ pytestmark = pytest.mark.integration
 
 
 def operator_state(s: Settings) -> ThresholdStore:
-    """v2 routes the 52-character 'medium' texts light (the defaults would send them heavy), and two VIPs."""
+    """v2 routes the 52-character 'medium' texts light (the defaults would send them heavy), two VIPs, a learned
+    light model live."""
     store = ThresholdStore.of(s, redis.Redis.from_url(s.redis.address))
     store.update("test", "restore test", length_threshold=60)
     store.vip_add(*VIPS)
+    models = ModelStore.of(s, store.r)
+    models.put("v-learned", b"\x00weights", {"trained_on": 100})
+    models.set_live("v-learned", "promote", "test", "a learned model is live")
     return store
 
 
 def restored(store: ThresholdStore) -> bool:
     try:
         doc = store.get_or_none()
-        return store.seeded() and doc is not None and doc.version == 2 and store.vips() == VIPS
+        return (store.seeded() and doc is not None and doc.version == 2 and store.vips() == VIPS
+                and ModelStore(store.r, store.keys.prefix).live() == "v-learned")
     except (redis.RedisError, OSError):
         return False
 
@@ -95,8 +101,9 @@ def test_embedded_redis_killed_under_tierflow_up(settings_factory: Callable[...,
             invariants={"`tierflow up` keeps running": up.alive(), "0 lost": not verdict.lost,
                         "no duplicates": verdict.duplicates == 0, "none routed on defaults": not on_defaults,
                         "restored within 1 s of Redis answering": restore_s <= 1.0},
-            counts={"sent": verdict.sent_valid, "answered": verdict.answered, "s until Redis answered again":
-                    round(down_s, 2), "s from then until thresholds v2 and VIPs were back": round(restore_s, 2)},
+            counts={"sent": verdict.sent_valid, "answered": verdict.answered,
+                    "s until Redis answered again": round(down_s, 2),
+                    "s from then until thresholds v2, VIPs and the model were back": round(restore_s, 2)},
             notes="`tierflow up` starts a dead Valkey again on its port (0.5 s back-off); the ingest agent's "
                   "threshold cache finds the epoch key gone and restores every threshold version and the VIPs "
                   "from the control topic; routing meanwhile uses its last-known document.",
@@ -137,7 +144,7 @@ def test_external_redis_flushed_under_traffic(settings_factory: Callable[..., Se
                         "none routed on defaults": not on_defaults, "no agent died": not dead,
                         "restored within 1 s": restore_s <= 1.0},
             counts={"sent": verdict.sent_valid, "answered": verdict.answered,
-                    "s from the flush until thresholds v2 and VIPs were back": round(restore_s, 2)},
+                    "s from the flush until thresholds v2, VIPs and the model were back": round(restore_s, 2)},
             notes="A flush publishes nothing: the ingest cache looks for the epoch key twice a second.",
         )
         assert not dead, [agents.log(n)[-1500:] for n in ("ingest", "feedback")]

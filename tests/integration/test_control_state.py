@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from pipeline.adapters.control_log import ControlLog
+from pipeline.adapters.model_store import ModelStore
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
 from pipeline.contracts.keys import ControlKeys
 from pipeline.ops.devstack import Stack
@@ -139,3 +140,28 @@ def test_the_topic_holds_one_record_per_fact(settings_factory: Callable[..., Set
     assert [d.version for d in state.thresholds] == [1, 2, 3, 4]
     assert state.vips == frozenset({"u-4242", "u-7"})
     assert ControlKeys.vip("u-gone") == "vip:u-gone" and state.skipped == 0
+
+
+def test_learned_models_come_back_with_their_history(settings_factory: Callable[..., Settings],
+                                                      own_redis: Stack) -> None:
+    s = settings_factory(redis_url=own_redis.settings.redis.address)
+    r = redis.Redis.from_url(s.redis.address)
+    models = ModelStore.of(s, r)
+    models.put("v1", b"\x00one\xff", {"trained_on": 100})
+    models.put("v2", b"\x00two\xff", {"trained_on": 200})
+    models.set_live("v1", "promote", "trainer", "beat the packaged model")
+    models.record("reject", "v2", "trainer", "worse on the check set")
+    models.update_manifest("v1", status="promoted")
+
+    def everything(m: ModelStore) -> tuple[object, ...]:
+        return (m.live(), m.versions(), m.history(), [(m.weights(v), m.manifest(v)) for v in m.versions()])
+
+    before = everything(models)
+    r.flushall()
+    again = ModelStore.of(s, r)
+    again.cache.ensure_restored()
+    assert everything(again) == before
+    # pruned versions are gone from the topic too
+    few = ModelStore(r, s.redis.prefix, keep=1, log=ControlLog(s))
+    few.put("v3", b"three", {})
+    assert set(ControlLog(s).read().models) == set(few.versions()) == {"v1", "v3"}  # v1 live: kept

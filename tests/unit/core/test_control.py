@@ -4,7 +4,7 @@ record that is not ours is counted, never fatal."""
 from __future__ import annotations
 
 from pipeline.contracts.keys import ControlKeys
-from pipeline.core.control import ControlState, fold, replay_progress, vip_value
+from pipeline.core.control import ControlState, fold, model_value, replay_progress, vip_value
 from pipeline.core.thresholds import Thresholds
 
 
@@ -27,7 +27,7 @@ def test_a_tombstone_removes_a_vip_and_a_later_record_brings_it_back() -> None:
 
 
 def test_foreign_and_invalid_records_are_skipped() -> None:
-    state = fold([(None, b"x"), ("models:light:live", b"v3"), (ControlKeys.thresholds(3), b"{not json"),
+    state = fold([(None, b"x"), ("feedback:state", b"{}"), (ControlKeys.thresholds(3), b"{not json"),
                   (ControlKeys.thresholds(4), doc(4, heavy_budget=0.1)), ("thresholds:abc", doc(5))])
     assert [d.version for d in state.thresholds] == [4] and state.skipped == 4
 
@@ -46,3 +46,15 @@ def test_replay_progress_and_answered_ids_fold_like_the_rest() -> None:
     assert state.replay_jobs == {"job-1": {"position": "[0, 120]", "sent": "120"}}
     assert state.replay_answered == frozenset({"r-1"}) and state.skipped == 1
     assert state.summary() == "no thresholds, 0 VIPs, 1 replay job(s) with 1 answered ids"
+
+
+def test_model_versions_pointer_and_history() -> None:
+    state = fold([(ControlKeys.model_version("v1"), model_value(b"\x00w1", {"n": 1}, 10.0)),
+                  (ControlKeys.model_version("v2"), model_value(b"w2", {"n": 2}, 20.0)),
+                  (ControlKeys.model_event(30.0, "promote", "v2"), b'{"action": "promote"}'),
+                  (ControlKeys.model_event(25.0, "store", "v2"), b'{"action": "store"}'),
+                  (ControlKeys.MODEL_LIVE, b"v2"), (ControlKeys.model_version("v1"), None),
+                  (ControlKeys.model_version("v3"), b'{"manifest": {}}')])
+    assert set(state.models) == {"v2"} and state.models["v2"].weights == b"w2" and state.model_live == "v2"
+    assert [e["action"] for e in state.model_history] == ["store", "promote"]  # in time order
+    assert state.skipped == 1
