@@ -25,7 +25,7 @@ import redis
 from pipeline.adapters.control_cache import ControlCache
 from pipeline.adapters.control_log import ControlLog
 from pipeline.contracts.keys import ControlKeys, Keys
-from pipeline.core.control import model_value
+from pipeline.core.control import model_manifest
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 
@@ -58,7 +58,8 @@ class ModelStore:
         """Store a new version (a candidate until promoted); the oldest beyond `keep` are pruned."""
         self._restored()
         created = time.time()
-        self._write_log([(ControlKeys.model_version(version), model_value(weights, manifest, created))])
+        self._write_log([(ControlKeys.model_weights(version), weights),
+                         (ControlKeys.model_version(version), model_manifest(manifest, created))])
         with self.r.pipeline() as pipe:
             pipe.hset(self.keys.model_version(version), mapping={"weights": weights,
                                                                  "manifest": json.dumps(manifest)})
@@ -83,8 +84,7 @@ class ModelStore:
         manifest = {**self.manifest(version), **fields}
         if self.log is not None:
             created = self.r.zscore(self.keys.model_versions, version) or time.time()
-            self._write_log([(ControlKeys.model_version(version),
-                              model_value(self.weights(version), manifest, float(created)))])
+            self._write_log([(ControlKeys.model_version(version), model_manifest(manifest, float(created)))])
         self.r.hset(self.keys.model_version(version), "manifest", json.dumps(manifest))
         return manifest
 
@@ -101,7 +101,7 @@ class ModelStore:
         protected = {self.live(), *(e.get("previous") for e in self.history(last=self.keep))}
         for v in versions[self.keep:]:
             if v not in protected:
-                self._write_log([(ControlKeys.model_version(v), None)])
+                self._write_log([(ControlKeys.model_version(v), None), (ControlKeys.model_weights(v), None)])
                 with self.r.pipeline() as pipe:
                     pipe.delete(self.keys.model_version(v))
                     pipe.zrem(self.keys.model_versions, v)

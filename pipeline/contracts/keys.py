@@ -108,7 +108,8 @@ class ControlKeys:
     """Record keys on the control topic (`Topics.control`), one per fact so compaction keeps each one's latest:
     `thresholds:<version>` (that version's document), `vip:<user>` (present; a tombstone removes it),
     `replay:job:<job>` (a replay job's progress), `replay:answered:<request id>` (a replay answered it), and the
-    learned light model's `models:light:v:<version>` (weights and manifest; a tombstone once pruned),
+    learned light model's `models:light:v:<version>` (its manifest) and `models:light:w:<version>` (its weights,
+    written once: a manifest changes more often), both tombstoned once pruned,
     `models:light:live` (the pointer) and `models:light:event:<n>` (its history, one record per event)."""
 
     THRESHOLDS = "thresholds"
@@ -117,12 +118,17 @@ class ControlKeys:
     REPLAY_ANSWERED = "replay:answered"
 
     MODEL_VERSION = "models:light:v"
+    MODEL_WEIGHTS = "models:light:w"
     MODEL_LIVE = "models:light:live"
     MODEL_EVENT = "models:light:event"
 
     @staticmethod
     def model_version(version: str) -> str:
         return f"{ControlKeys.MODEL_VERSION}:{version}"
+
+    @staticmethod
+    def model_weights(version: str) -> str:
+        return f"{ControlKeys.MODEL_WEIGHTS}:{version}"
 
     @staticmethod
     def model_event(at: float, action: str, version: str) -> str:

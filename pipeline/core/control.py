@@ -8,7 +8,6 @@ the state; the latest record of a key wins.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,22 +68,28 @@ def fold(records: Iterable[tuple[bytes | str | None, bytes | None]]) -> ControlS
     vips: set[str] = set()
     jobs: dict[str, dict[str, str]] = {}
     answered: set[str] = set()
-    models: dict[str, ModelVersion] = {}
+    manifests: dict[str, tuple[Mapping[str, Any], float]] = {}
+    weights: dict[str, bytes] = {}
     events: dict[str, Mapping[str, Any]] = {}
     live: str | None = None
     skipped = 0
     for raw_key, value in records:
         key = (raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key) or ""
         kind, _, name = key.partition(":")
-        if key.startswith(ControlKeys.MODEL_VERSION + ":"):
+        if key.startswith(ControlKeys.MODEL_WEIGHTS + ":"):
+            version = key[len(ControlKeys.MODEL_WEIGHTS) + 1:]
+            if value is None:
+                weights.pop(version, None)
+            else:
+                weights[version] = value
+        elif key.startswith(ControlKeys.MODEL_VERSION + ":"):
             version = key[len(ControlKeys.MODEL_VERSION) + 1:]
             if value is None:
-                models.pop(version, None)
+                manifests.pop(version, None)
                 continue
             try:
                 doc = orjson.loads(value)
-                models[version] = ModelVersion(base64.b64decode(doc["weights"]), doc["manifest"],
-                                               float(doc["created"]))
+                manifests[version] = (doc["manifest"], float(doc["created"]))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 skipped += 1
         elif key == ControlKeys.MODEL_LIVE:
@@ -135,6 +140,8 @@ def fold(records: Iterable[tuple[bytes | str | None, bytes | None]]) -> ControlS
                 vips.add(name)
         else:
             skipped += 1
+    # a version is whole with both its records; one without the other (a write cut short) is left out
+    models = {v: ModelVersion(weights[v], m, created) for v, (m, created) in manifests.items() if v in weights}
     return ControlState(tuple(versions[v] for v in sorted(versions)), frozenset(vips), jobs, frozenset(answered),
                         models, live, tuple(events[k] for k in sorted(events)), skipped)
 
@@ -144,9 +151,9 @@ def replay_progress(progress: Mapping[str, object]) -> bytes:
     return orjson.dumps({k: str(v) for k, v in progress.items()})
 
 
-def model_value(weights: bytes, manifest: Mapping[str, Any], created: float) -> bytes:
-    """A stored model version's record: its manifest and its weights (base64: the record is JSON, like the rest)."""
-    return orjson.dumps({"manifest": manifest, "created": created, "weights": base64.b64encode(weights).decode()})
+def model_manifest(manifest: Mapping[str, Any], created: float) -> bytes:
+    """A stored model version's manifest record (its weights are a record of their own, as raw bytes)."""
+    return orjson.dumps({"manifest": manifest, "created": created})
 
 
 def vip_value() -> bytes:

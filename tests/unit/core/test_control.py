@@ -4,7 +4,7 @@ record that is not ours is counted, never fatal."""
 from __future__ import annotations
 
 from pipeline.contracts.keys import ControlKeys
-from pipeline.core.control import ControlState, fold, model_value, replay_progress, vip_value
+from pipeline.core.control import ControlState, fold, model_manifest, replay_progress, vip_value
 from pipeline.core.thresholds import Thresholds
 
 
@@ -49,12 +49,15 @@ def test_replay_progress_and_answered_ids_fold_like_the_rest() -> None:
 
 
 def test_model_versions_pointer_and_history() -> None:
-    state = fold([(ControlKeys.model_version("v1"), model_value(b"\x00w1", {"n": 1}, 10.0)),
-                  (ControlKeys.model_version("v2"), model_value(b"w2", {"n": 2}, 20.0)),
+    state = fold([(ControlKeys.model_weights("v1"), b"w1"), (ControlKeys.model_version("v1"), model_manifest({}, 1)),
+                  (ControlKeys.model_weights("v2"), b"w2"), (ControlKeys.model_version("v2"), model_manifest({}, 2)),
+                  (ControlKeys.model_version("v2"), model_manifest({"status": "promoted"}, 2.0)),
                   (ControlKeys.model_event(30.0, "promote", "v2"), b'{"action": "promote"}'),
                   (ControlKeys.model_event(25.0, "store", "v2"), b'{"action": "store"}'),
                   (ControlKeys.MODEL_LIVE, b"v2"), (ControlKeys.model_version("v1"), None),
-                  (ControlKeys.model_version("v3"), b'{"manifest": {}}')])
+                  (ControlKeys.model_weights("v3"), b"w3"),  # its manifest never came: not a whole version
+                  (ControlKeys.model_version("v4"), b'{"manifest": {}}')])
     assert set(state.models) == {"v2"} and state.models["v2"].weights == b"w2" and state.model_live == "v2"
+    assert state.models["v2"].manifest == {"status": "promoted"}
     assert [e["action"] for e in state.model_history] == ["store", "promote"]  # in time order
     assert state.skipped == 1
