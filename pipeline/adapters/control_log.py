@@ -8,11 +8,10 @@ hundred records, a few milliseconds.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from pipeline.adapters.kafka import Tail, make_producer, topics_of
 from pipeline.core.control import ControlState, fold
@@ -26,8 +25,6 @@ class ControlLog:
     def __init__(self, settings: Settings, timeout_s: float = 5.0) -> None:
         self.settings, self.timeout_s = settings, timeout_s
         self.topic = topics_of(settings).control
-        self._producer: Producer | None = None
-        self._lock = threading.Lock()
 
     def put(self, records: Sequence[tuple[str, bytes | None]]) -> None:
         """Write `(key, value)` records (None: a tombstone) and return once the broker has them all (acks=all).
@@ -40,16 +37,17 @@ class ControlLog:
             if err is not None:
                 errors.append(err)
 
-        with self._lock:
-            if self._producer is None:
-                # no linger: a control write is one record a person or the controller waits on
-                self._producer = make_producer(self.settings, **{"linger.ms": 0, "enable.idempotence": True})
-            try:
-                for key, value in records:
-                    self._producer.produce(self.topic, value, key.encode(), on_delivery=delivered)
-            except (KafkaException, BufferError) as e:
-                raise ServiceUnavailable(f"cannot write to the control topic {self.topic}: {e}") from None
-            left = self._producer.flush(self.timeout_s)
+        # A producer per write, gone with it: control writes are rare (a person, a controller decision, a model),
+        # and a producer kept by every store would hold broker connections (and retry them) for nothing.
+        # No linger: the caller waits on the write.
+        producer = make_producer(self.settings, **{"linger.ms": 0, "enable.idempotence": True})
+        try:
+            for key, value in records:
+                producer.produce(self.topic, value, key.encode(), on_delivery=delivered)
+        except (KafkaException, BufferError) as e:
+            raise ServiceUnavailable(f"cannot write to the control topic {self.topic}: {e}") from None
+        left = producer.flush(self.timeout_s)
+        del producer
         if errors or left:
             why = errors[0].str() if errors else f"no acknowledgement within {self.timeout_s:g}s"
             hint = " (tierflow topics create)" if errors and errors[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART \

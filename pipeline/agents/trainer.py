@@ -104,6 +104,7 @@ class Trainer:
         self.topics = topics_of(settings)
         self.r = r or make_redis(settings)
         self.models = ModelStore.of(settings, self.r)
+        self.models.cache.ensure_restored()  # an empty Redis gets its versions back before the first is stored
         self.packaged = CharNgramClassifier.from_settings(settings, Tier.LIGHT)
         self.labels = list(self.packaged.labels)
         cfg = self.cfg
