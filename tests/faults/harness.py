@@ -170,6 +170,14 @@ class Up:
     def alive(self) -> bool:
         return self.proc.popen.poll() is None
 
+    def wait_up(self, timeout: float = 120.0) -> None:
+        """Until `up` says "tierflow is up" (every agent ready): an agent killed before that is one that died while
+        starting, and `up` stops rather than restart it."""
+        deadline = time.monotonic() + timeout
+        while "tierflow is up" not in self.stack.tail("up", 400):
+            assert self.alive() and time.monotonic() < deadline, self.output()
+            time.sleep(0.1)
+
     def output(self) -> str:
         return self.stack.tail("up", 40)
 

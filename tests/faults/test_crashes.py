@@ -46,6 +46,7 @@ def test_kill_agents_during_a_run(settings_factory: Callable[..., Settings], tmp
             assert up.alive() and time.monotonic() < deadline, up.output()
             time.sleep(0.2)
         wait_ready(s, ["light", "heavy", "multimodal"])
+        up.wait_up()
         with Observer(s) as obs:
             warm = Traffic(s, "warm", 30, 100.0)
             with warm:

@@ -80,6 +80,7 @@ def test_embedded_redis_killed_under_tierflow_up(settings_factory: Callable[...,
         port_back(port, time.monotonic(), 60)
         store = operator_state(s)
         wait_ready(s, TIERS)
+        up.wait_up()  # `up` supervises its services once every agent is ready
         rate = 100.0
         with Observer(s) as obs:
             traffic = Traffic(s, "vk", int(rate * 12), rate, mix=MIX)
