@@ -1,9 +1,9 @@
-"""The control topic: where threshold versions and VIPs live durably, so Redis is a cache that can be rebuilt.
+"""The control topic: where threshold versions, VIPs, learned models and replay progress live durably, so Redis
+is a cache that can be rebuilt (`control_cache.py`).
 
 Kafka Streams' state stores and faust's Tables work the same way: the local store is fast, a compacted changelog
 is the truth. One partition (one order for every fact); a record per fact (`ControlKeys`), so compaction keeps each
-one's latest. Reading it back means reading from the beginning to the end offsets taken at the start: a few
-hundred records, a few milliseconds.
+one's latest. Reading it back means reading from the beginning to the end offsets taken at the start.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ same bytes a pointer names, with no shared disk. Keys are in `pipeline/contracts
 A pointer change and its history entry are one MULTI: no version goes live without its reason written.
 
 With a `ControlLog` every one of these is on the control topic too (versions and history first, the pointer after
-Redis's check decides it), so a Redis that lost them gets them back (`ThresholdStore.restore`).
+Redis's check decides it), so a Redis that lost them gets them back (`ControlCache.restore`).
 """
 
 from __future__ import annotations

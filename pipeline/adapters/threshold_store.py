@@ -8,7 +8,7 @@ Keys (under the Redis prefix, default `tierflow:`):
 - `epoch`               set once this Redis holds the control state; absent means an empty (restarted, flushed) Redis
 
 With a `ControlLog`, Redis is a cache of the control topic: every threshold version and VIP change is written there
-too, and an empty Redis is filled from it (`restore`) before anything routes on defaults.
+too, and an empty Redis is filled from it (`ControlCache.restore`) before anything routes on defaults.
 
 Readers on the hot path use `ThresholdCache`: a background thread refreshes on pub/sub and on a slow
 poll, so routing never waits on Redis and keeps the last-known values when Redis is down.
@@ -31,7 +31,7 @@ from pipeline.adapters.control_cache import ControlCache
 from pipeline.adapters.control_log import ControlLog
 from pipeline.adapters.periodic import Periodic
 from pipeline.contracts.keys import ControlKeys, Keys
-from pipeline.core.control import ControlState, vip_value
+from pipeline.core.control import vip_value
 from pipeline.core.thresholds import TUNABLE, Thresholds, _first_error
 from pipeline.errors import InvalidThresholds, ServiceUnavailable
 from pipeline.settings import Settings
@@ -74,7 +74,7 @@ class ThresholdStore:
     def init(self, initial: Thresholds | None = None) -> Thresholds:
         """The current document. Where Redis has none: what the control topic holds (restored with every version
         and the VIPs), else `initial` (or the defaults) written as version 1."""
-        self.ensure_restored()
+        self.cache.ensure_restored()
         doc = initial or Thresholds(updated_at=time.time())
         payload = doc.model_dump_json()
         if self.r.set(self.key, payload, nx=True):
@@ -83,15 +83,6 @@ class ThresholdStore:
             self._write_log([(ControlKeys.thresholds(doc.version), payload.encode())])
             return doc
         return self._parse(self.r.get(self.key) or payload)
-
-    def ensure_restored(self) -> None:
-        self.cache.ensure_restored()
-
-    def seeded(self) -> bool:
-        return self.cache.seeded()
-
-    def restore(self, state: ControlState | None = None) -> str | None:
-        return self.cache.restore(state)
 
     def _write_log(self, records: list[tuple[str, bytes | None]]) -> None:
         """Put records on the control topic, with any an earlier try could not; keep them for the next when the
@@ -109,7 +100,7 @@ class ThresholdStore:
     def update(self, who: str, why: str, inputs: dict[str, Any] | None = None, *,
                respect_pins: bool = False, **values: Any) -> Thresholds:
         """Apply `values` as a new version (optimistic transaction; retried on a concurrent write)."""
-        self.ensure_restored()  # an empty Redis first: a new version follows the newest, not the defaults
+        self.cache.ensure_restored()  # an empty Redis first: a new version follows the newest, not the defaults
         while True:
             with self.r.pipeline() as pipe:
                 try:
@@ -206,7 +197,7 @@ class ThresholdCache:
     def refresh(self) -> bool:
         """Reload from Redis; on failure keep the last-known values. True when it succeeded."""
         try:
-            self.store.ensure_restored()
+            self.store.cache.ensure_restored()
             doc = self.store.get_or_none()
             if doc is None:
                 # Redis came back empty (restarted without persistence): restore what we were routing with,
@@ -261,7 +252,7 @@ class ThresholdCache:
                 # a flushed Redis publishes nothing: look for its epoch twice a second, so a restore follows
                 # within a second (one EXISTS each time)
                 self._last_epoch_check = now
-                if not self.store.seeded():
+                if not self.store.cache.seeded():
                     msg = {"type": "flushed"}
             if msg is not None or now - self._last_poll > self.poll_s:
                 self.refresh()

@@ -423,13 +423,9 @@ class Replayer:
                         orjson.dumps({"request_id": req.id, "intent": req.label, "ts": int(time.time() * 1000)}),
                         key=req.id)
                 summary.labels += 1
-        progress = self._progress(chunk[-1][0], summary)
-        # The progress goes to the control topic with the chunk (one flush acknowledges both), then to Redis.
-        produce(self.producer, self.topics.control, replay_progress(progress), key=ControlKeys.replay_job(job))
-        if self.producer.flush(self.s.flush_timeout_s) or not self.dlq.flush(self.s.flush_timeout_s):
-            raise ServiceUnavailable("the broker did not acknowledge the replayed records; progress not saved")
-        # Saved only after the flush: a resumed job may resend a chunk, never skip one.
-        self.r.hset(self.state_key(job), mapping=progress)  # type: ignore[arg-type]
+        # The progress goes with the chunk (one flush acknowledges both): a resumed job may resend a chunk, never
+        # skip one.
+        self._save(job, self._progress(chunk[-1][0], summary))
 
     @staticmethod
     def _progress(position: Any, summary: ReplaySummary) -> dict[str, str]:
@@ -437,10 +433,11 @@ class Replayer:
                 "invalid": str(summary.invalid), "labels": str(summary.labels), "updated": f"{time.time():.3f}"}
 
     def _save(self, job: str, progress: dict[str, str]) -> None:
-        """A job's progress to the control topic, acknowledged, then to Redis."""
+        """A job's progress to the control topic and, once the broker has acknowledged it with everything sent
+        before it, to Redis."""
         produce(self.producer, self.topics.control, replay_progress(progress), key=ControlKeys.replay_job(job))
-        if self.producer.flush(self.s.flush_timeout_s):
-            raise ServiceUnavailable("the broker did not acknowledge the replay's progress; not saved")
+        if self.producer.flush(self.s.flush_timeout_s) or not self.dlq.flush(self.s.flush_timeout_s):
+            raise ServiceUnavailable("the broker did not acknowledge the replayed records; progress not saved")
         self.r.hset(self.state_key(job), mapping=progress)  # type: ignore[arg-type]
 
     def _answered(self, ids: list[str]) -> set[str]:

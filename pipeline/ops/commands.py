@@ -324,7 +324,7 @@ def cmd_thresholds(args: argparse.Namespace) -> int:
 
     s = settings_of(args)
     store = ThresholdStore.of(s, _redis(s))
-    store.ensure_restored()
+    store.cache.ensure_restored()
     who = f"cli:{os.environ.get('USER', 'operator')}"
     if args.action == "show":
         doc = store.get()
@@ -360,7 +360,7 @@ def cmd_vip(args: argparse.Namespace) -> int:
 
     s = settings_of(args)
     store = ThresholdStore.of(s, _redis(s))
-    store.ensure_restored()
+    store.cache.ensure_restored()
     if args.action == "add":
         store.vip_add(*args.users)
     elif args.action == "remove":

@@ -44,7 +44,7 @@ def operator_state(s: Settings) -> ThresholdStore:
 def restored(store: ThresholdStore) -> bool:
     try:
         doc = store.get_or_none()
-        return (store.seeded() and doc is not None and doc.version == 2 and store.vips() == VIPS
+        return (store.cache.seeded() and doc is not None and doc.version == 2 and store.vips() == VIPS
                 and ModelStore(store.r, store.keys.prefix).live() == "v-learned")
     except (redis.RedisError, OSError):
         return False

@@ -78,7 +78,7 @@ def test_cache_restores_a_flush_under_it_within_a_second(settings_factory: Calla
         time.sleep(0.3)
         r.flushall()
         flushed = time.monotonic()
-        while not (store.seeded() and snapshot(store) == before):
+        while not (store.cache.seeded() and snapshot(store) == before):
             assert time.monotonic() - flushed < 5, "Redis was not restored from the control topic"
             time.sleep(0.01)
         took = time.monotonic() - flushed
@@ -98,7 +98,7 @@ def test_restarted_redis_is_restored(settings_factory: Callable[..., Settings], 
     own_redis.kill("redis")
     own_redis.start_redis()  # no --data: back empty
     again = ThresholdStore.of(s, redis.Redis.from_url(s.redis.address))
-    again.ensure_restored()
+    again.cache.ensure_restored()
     assert snapshot(again) == before
 
 
@@ -110,7 +110,7 @@ def test_two_restorers_do_not_fight(settings_factory: Callable[..., Settings], o
     state = ControlLog(s).read()
     stores = [ThresholdStore.of(s, redis.Redis.from_url(s.redis.address)) for _ in range(4)]
     said: list[str | None] = []
-    threads = [threading.Thread(target=lambda st=st: said.append(st.restore(state))) for st in stores]
+    threads = [threading.Thread(target=lambda st=st: said.append(st.cache.restore(state))) for st in stores]
     for t in threads:
         t.start()
     for t in threads:
@@ -128,7 +128,7 @@ def test_redis_ahead_of_the_topic_keeps_its_versions(settings_factory: Callable[
     offline = ThresholdStore(r, s.redis.prefix)  # a writer with no topic: v5 reaches Redis only
     offline.update("cli:ops", "while the broker was away", shadow_rate=0.2)
     r.delete(store.epoch_key)  # as after a restart from Redis's own snapshot that predates the epoch
-    assert store.restore() is not None
+    assert store.cache.restore() is not None
     assert store.get().version == 5
     assert [d.version for d in ControlLog(s).read().thresholds] == [1, 2, 3, 4, 5]
 
