@@ -37,7 +37,16 @@ import orjson
 import psutil
 from confluent_kafka import Message
 
-from bench.common import AnswerReader, Run, missing_note, run_ids, summarize, tail_percentiles, write_section
+from bench.common import (
+    AnswerReader,
+    Run,
+    missing_note,
+    run_dir,
+    run_ids,
+    summarize,
+    tail_percentiles,
+    write_section,
+)
 from bench.domain_quality import Case, read_sets
 from bench.pipeline import send
 from pipeline.adapters.kafka import topics_of
@@ -292,9 +301,8 @@ def main() -> None:
 
     # The writer off: the article's service answers with the policy text, and so must tierflow here, for the same
     # models to be compared (the writer's cost is bench.generation's).
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench-article"),
-                    heavy_generator="none")
-    with running_stack(base) as stack:
+    with run_dir("article") as data, running_stack(Settings(kafka_port=free_port(), redis_port=free_port(),
+                                                            data_dir=data, heavy_generator="none")) as stack:
         if wait_agents_ready(stack) is None:
             raise SystemExit(f"tierflow up did not become ready; logs in {stack.log_dir}")
         time.sleep(2)

@@ -118,15 +118,26 @@ def write_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
 
 
 @contextlib.contextmanager
+def run_dir(tag: str) -> Iterator[Path]:
+    """A data directory of this run's own (`.tierflow/bench-TAG-xxxxxx`): two benchmarks running at once (the test
+    suite's two broker passes run every benchmark on a tiny sample side by side) must not wipe each other's broker
+    log. Removed when the run ends well; kept, with the agents' logs, when it raised."""
+    path = Path(f".tierflow/bench-{tag}-{uuid.uuid4().hex[:6]}")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def embedded_services() -> Iterator[Settings]:
     """A broker and a Redis of the benchmark's own, on free ports; yields settings that dial them."""
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(".tierflow/bench"))
-    stack = Stack(base)
-    stack.start_services()
-    try:
-        yield stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
-    finally:
-        stack.stop()
+    with run_dir("services") as data:
+        base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=data)
+        stack = Stack(base)
+        stack.start_services()
+        try:
+            yield stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
+        finally:
+            stack.stop()
 
 
 @dataclass

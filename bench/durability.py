@@ -23,7 +23,7 @@ from typing import cast
 from confluent_kafka import KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from bench.common import write_section
+from bench.common import run_dir, write_section
 from pipeline.adapters.brokers import BrokerName
 from pipeline.adapters.kafka import make_admin, make_consumer, make_producer, next_offsets
 from pipeline.ops.devstack import Stack, free_port
@@ -122,16 +122,16 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     seconds = 5.0 if args.quick else args.seconds
-    root = Path(".tierflow/bench-durability")
     plan = [("noida", True, signal.SIGKILL), ("noida", True, signal.SIGTERM), ("noida", False, signal.SIGTERM),
             ("tansu", True, signal.SIGKILL), ("tansu", False, signal.SIGKILL)]
     rows = ["| broker | storage | stopped by | acknowledged | still there after the restart | lost | "
             "consumer offsets kept |", "|---|---|---|---:|---:|---:|---|"]
-    for broker, durable, sig in [x for x in plan if x[0] in args.brokers.split(",")]:
-        o = run(broker, durable, sig, args.rate, seconds, root)
-        rows.append(f"| {o.broker} | {o.storage} | {o.how} | {o.acked:,} | {o.kept:,} | {o.lost:,} | "
-                    f"{'yes' if o.offsets_kept else 'no'} |")
-        print(rows[-1], flush=True)
+    with run_dir("durability") as root:
+        for broker, durable, sig in [x for x in plan if x[0] in args.brokers.split(",")]:
+            o = run(broker, durable, sig, args.rate, seconds, root)
+            rows.append(f"| {o.broker} | {o.storage} | {o.how} | {o.acked:,} | {o.kept:,} | {o.lost:,} | "
+                        f"{'yes' if o.offsets_kept else 'no'} |")
+            print(rows[-1], flush=True)
     body = (f"{args.rate:.0f} records/s of 200 bytes (acks=all) for {seconds:g} s into a 4-partition topic; the "
             "broker is stopped two thirds in and started again on the same storage; then every acknowledged "
             "record is looked for, and a consumer group that kept up (committing every second) checks its "

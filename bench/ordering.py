@@ -16,13 +16,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message
 from confluent_kafka.admin import NewTopic
 
-from bench.common import write_section
+from bench.common import run_dir, write_section
 from pipeline.adapters.brokers import BrokerName
 from pipeline.adapters.kafka import OrderedConsumer, Tail, consumer_config, make_admin, make_consumer, make_producer
 from pipeline.ops.devstack import Stack, free_port
@@ -163,19 +162,20 @@ def main() -> None:
             "its jumps | gaps re-read and filled | gaps passed after the grace |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for broker in args.brokers.split(","):
-        base = Settings(kafka_port=free_port(), redis_port=free_port(),
-                        data_dir=Path(f".tierflow/bench-ordering-{broker}"), embedded_broker=cast(BrokerName, broker))
-        stack = Stack(base)
-        stack.start_broker()
-        try:
-            s = stack.settings.updated(kafka_bootstrap=base.kafka.servers)
-            for run in range(1, args.runs + 1):
-                o = run_once(s, args.producers, args.per, args.rate)
-                rows.append(f"| {broker} | {run} | {o.acked:,} | {o.plain_skipped:,} | {o.plain_jumps:,} | "
-                            f"{o.ordered_skipped:,} | {o.ordered_jumps:,} | {o.healed:,} | {o.passed:,} |")
-                print(rows[-1], flush=True)
-        finally:
-            stack.stop()
+        with run_dir(f"ordering-{broker}") as data:
+            base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=data,
+                            embedded_broker=cast(BrokerName, broker))
+            stack = Stack(base)
+            stack.start_broker()
+            try:
+                s = stack.settings.updated(kafka_bootstrap=base.kafka.servers)
+                for run in range(1, args.runs + 1):
+                    o = run_once(s, args.producers, args.per, args.rate)
+                    rows.append(f"| {broker} | {run} | {o.acked:,} | {o.plain_skipped:,} | {o.plain_jumps:,} | "
+                                f"{o.ordered_skipped:,} | {o.ordered_jumps:,} | {o.healed:,} | {o.passed:,} |")
+                    print(rows[-1], flush=True)
+            finally:
+                stack.stop()
     body = (f"{args.producers} producers, each {args.per:,} records at {args.rate:g}/s (acks=all, linger 2 ms), into "
             f"one {PARTITIONS}-partition topic, read as it is written by a plain librdkafka consumer and by "
             "tierflow's `OrderedConsumer`; then read again from the beginning. Skipped: acknowledged, stored (the "

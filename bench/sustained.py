@@ -30,7 +30,7 @@ import orjson
 from confluent_kafka.admin import NewTopic
 
 from bench.common import SHOP_TEXTS as TEXTS
-from bench.common import fresh_topics, write_section
+from bench.common import fresh_topics, run_dir, write_section
 from bench.pipeline import ECHO, percentiles, start_pipeline
 from pipeline.adapters.brokers import BrokerName
 from pipeline.adapters.kafka import Tail, make_admin, make_consumer, make_producer, produce, topics_of
@@ -60,15 +60,16 @@ def rss_mib(pid: int) -> float:
 @contextlib.contextmanager
 def broker_stack(broker: str) -> Iterator[tuple[Settings, int]]:
     """An embedded broker and Redis of this benchmark's own; yields settings that dial them and the broker pid."""
-    base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=Path(f".tierflow/bench-{broker}"),
-                    embedded_broker=cast(BrokerName, broker))
-    stack = Stack(base)
-    stack.start_services()
-    try:
-        s = stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
-        yield s, stack.find("broker").popen.pid
-    finally:
-        stack.stop()
+    with run_dir(broker) as data:
+        base = Settings(kafka_port=free_port(), redis_port=free_port(), data_dir=data,
+                        embedded_broker=cast(BrokerName, broker))
+        stack = Stack(base)
+        stack.start_services()
+        try:
+            s = stack.settings.updated(kafka_bootstrap=base.kafka.servers, redis_url=base.redis.address)
+            yield s, stack.find("broker").popen.pid
+        finally:
+            stack.stop()
 
 
 class BrokerSampler:
