@@ -62,6 +62,8 @@ class KafkaSection(Section):
                             "auto: on a broker that answers empty fetches at once (noida)")
     rest_after_ms: float = Field(5.0, gt=0, description="a paced consumer stops fetching after this long without "
                                                           "records and looks at the log's end instead")
+    sparse_rest_ms: float = Field(0.5, gt=0, description="where records come further apart than rest_after_ms, a "
+                                                           "paced consumer rests this soon after each instead")
     rest_max_ms: float = Field(100.0, gt=0, description="the longest a resting consumer waits between looks at the "
                                                        "log's end: what a lone record may wait per hop")
 

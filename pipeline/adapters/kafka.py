@@ -101,7 +101,7 @@ def make_consumer(settings: Settings, group: str, rest_max_ms: float | None = No
     longer)."""
     k = settings.kafka
     pacing = None if k.fetch_pacing == "auto" else k.fetch_pacing == "on"
-    pacer = FetchPacer(rest_after_s=k.rest_after_ms / 1000.0,
+    pacer = FetchPacer(rest_after_s=k.rest_after_ms / 1000.0, sparse_rest_s=k.sparse_rest_ms / 1000.0,
                        max_s=(k.rest_max_ms if rest_max_ms is None else rest_max_ms) / 1000.0)
     # Transactions leave a gap at every commit marker: guarded, each would cost a reader GAP_GRACE_S.
     return OrderedConsumer(consumer_config(settings, group, **overrides), guard=not settings.exactly_once,
@@ -329,7 +329,7 @@ class OrderedConsumer(Consumer):
             log.debug("pause failed: %s", e)
             parts = []
         if not parts:  # nothing assigned, so nothing is fetched: wait in consume() as usual
-            self.pacer.got(now)
+            self.pacer.got(now, records=False)
             return
         self._paused, self._starts = parts, starts
         self.pacer.rest(now)
@@ -410,7 +410,7 @@ class OrderedConsumer(Consumer):
         if expect:
             self.pacer.expect(now)
         else:
-            self.pacer.got(now)
+            self.pacer.got(now, records=False)
 
     def _in_order(self, msgs: list[Message]) -> list[Message]:
         if not msgs:

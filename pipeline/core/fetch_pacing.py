@@ -40,6 +40,7 @@ class FetchPacer:
     """The hot/resting state of one consumer and when its next probe of the log's end is due."""
 
     rest_after_s: float = 0.005
+    sparse_rest_s: float = 0.0005
     first_s: float = 0.004
     max_s: float = 0.1
     recheck_s: float = 2.0
@@ -48,6 +49,8 @@ class FetchPacer:
     def __post_init__(self) -> None:
         self.resting = False
         self._last_data = 0.0  # the last time records arrived (or the consumer woke)
+        self._arrived: float | None = None  # the last time records arrived
+        self._gap_s: float | None = None  # time between arrivals (moving average)
         self._expect_until = 0.0  # records are known to be behind: hot until they come, or until then
         self._away_at: float | None = None
         self._away_s: float | None = None  # how long the application stays away after records (moving average)
@@ -55,19 +58,31 @@ class FetchPacer:
         self._next_probe = 0.0
         self._recheck_at = 0.0
 
-    def got(self, now: float) -> None:
-        """Records arrived (or something else says the consumer should be awake): stay hot from `now`."""
+    def got(self, now: float, records: bool = True) -> None:
+        """Records arrived (`records`; else something says the consumer should be awake): stay hot from `now`."""
+        if records:
+            if self._arrived is not None:
+                gap = now - self._arrived
+                self._gap_s = gap if self._gap_s is None else 0.7 * self._gap_s + 0.3 * gap
+            self._arrived = now
         self.resting = False
         self._last_data = now
         self._expect_until = 0.0
 
     def expect(self, now: float) -> None:
         """Woken for records known to be there: stay hot until they arrive (`got`), at most `hold_s`."""
-        self.got(now)
+        self.got(now, records=False)
         self._expect_until = now + self.hold_s
 
+    def hot_window_s(self) -> float:
+        """How long to stay hot after records: `rest_after_s` while they come closer together than that (the next
+        is likely within it, and a fetch is cheaper than a rest and a wake), else `sparse_rest_s`: the next record
+        is a ring or a probe away anyway, and every millisecond hot is a fetch loop on both sides."""
+        sparse = self._gap_s is not None and self._gap_s > self.rest_after_s
+        return self.sparse_rest_s if sparse else self.rest_after_s
+
     def _hot_until(self) -> float:
-        return max(self._last_data + self.rest_after_s, self._expect_until)
+        return max(self._last_data + self.hot_window_s(), self._expect_until)
 
     def should_rest(self, now: float) -> bool:
         return not self.resting and now >= self._hot_until()
