@@ -23,7 +23,9 @@ import orjson
 from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from pipeline.adapters.doorbell import Bell
 from pipeline.adapters.kafka import (
+    OrderedConsumer,
     create_topics,
     delete_topics,
     make_admin,
@@ -322,6 +324,8 @@ class AnswerReader:
     def __init__(self, s: Settings, topic: str, expected: Iterable[str],
                  consumer: Consumer | None = None) -> None:
         self.c = consumer or make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}", **{"fetch.wait.max.ms": 5})
+        if isinstance(self.c, OrderedConsumer):  # woken by the workers' ring, as `tierflow answers` is
+            self.c.listen(lambda: Bell(s, [topic]), now=True)
         self.topic = topic
         self.log = AnswerLog(expected)
         self._stop = threading.Event()

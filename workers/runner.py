@@ -464,11 +464,17 @@ class Worker:
     def _finish(self, live: list[Message]) -> int:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
-        escalated = any(kind == "escalated" for kind, *_ in self._observed)
+        # Who to wake once the batch is out: the resting heavy workers for what it escalated, and the answers'
+        # readers (`tierflow answers`, `send --wait`, a chat front end listening) for what it answered.
+        wake = [self.topics.tier(Tier.HEAVY)] if any(kind == "escalated" for kind, *_ in self._observed) else []
+        if any(answered is not None for *_, answered in self._observed):
+            wake.append(self.topics.answers)
+        if self._handed_over:
+            wake.append(self.topics.handover)
         if not self.committer.finish(live):
             return len(live)
-        if escalated:  # wake the resting heavy workers for what this batch escalated
-            ring(self.r, self.s.redis.prefix, [self.topics.tier(Tier.HEAVY)])
+        if wake:
+            ring(self.r, self.s.redis.prefix, wake)
         self._count(len(live))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)

@@ -181,9 +181,12 @@ class OrderedConsumer(Consumer):
         self._bell_factory: Callable[[], Bell] | None = None
         self._bell: Bell | None = None
 
-    def listen(self, bell: Callable[[], Bell]) -> None:
-        """Wake at once when `bell()`'s event is set, rather than at the next look (made on the first rest)."""
+    def listen(self, bell: Callable[[], Bell], now: bool = False) -> None:
+        """Wake at once when `bell()`'s event is set, rather than at the next look. Made on the first rest, or `now`
+        (a reader about to wait for a record it is about to cause, as `send --wait`: subscribed before the ring)."""
         self._bell_factory = bell
+        if now and self._bell is None:
+            self._bell = bell()
 
     def close(self) -> None:
         if self._bell is not None:
@@ -677,7 +680,9 @@ class Tail:
     so a command can take its Tail, then send a request, then read the answer.
     """
 
-    def __init__(self, settings: Settings, topic: str, start: str = "end", timeout: float = 10.0) -> None:
+    def __init__(self, settings: Settings, topic: str, start: str = "end", timeout: float = 10.0,
+                 listen: bool = False) -> None:
+        """`listen`: wake on the ring of the topic's writers (workers ring answers and handovers) while resting."""
         if start not in ("end", "beginning"):
             raise ValueError(f"start must be 'end' or 'beginning', not {start!r}")
         self.topic = topic
@@ -698,6 +703,10 @@ class Tail:
             self.ends = self._fetched_ends(timeout)
         self.next = dict(self.ends) if start == "end" else {p: int(low) for p, (low, _) in marks.items()}
         self.consumer.assign([TopicPartition(topic, p, o) for p, o in self.next.items()])
+        if listen and isinstance(self.consumer, OrderedConsumer):
+            from pipeline.adapters.doorbell import Bell as Doorbell
+
+            self.consumer.listen(lambda: Doorbell(settings, [topic]))
 
     def _fetched_ends(self, timeout: float) -> dict[int, int]:
         """End offsets from a fetch response's high watermarks, for a broker whose ListOffsets counts batches.

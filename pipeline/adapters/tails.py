@@ -41,12 +41,13 @@ class RecordReader(Generic[R]):
     made.
 
     `from_beginning=False` starts at the topic's end offsets *now*: make the reader, then send, and no record can
-    slip past it. No consumer group is joined or left behind (pipeline.adapters.kafka.Tail).
+    slip past it. No consumer group is joined or left behind (pipeline.adapters.kafka.Tail). `listen`: wake on the
+    workers' ring (a reader that follows the topic; a one-shot command is done before its doorbell could subscribe).
     """
 
     def __init__(self, settings: Settings, topic: str, read: Callable[[bytes | None], R | None],
-                 from_beginning: bool = True, dedupe: bool = True) -> None:
-        self.tail = Tail(settings, topic, "beginning" if from_beginning else "end")
+                 from_beginning: bool = True, dedupe: bool = True, listen: bool = False) -> None:
+        self.tail = Tail(settings, topic, "beginning" if from_beginning else "end", listen=listen)
         self.read: Callable[[bytes | None], R | None] = read
         self.deduper = Deduper() if dedupe else None
 
@@ -76,12 +77,14 @@ class RecordReader(Generic[R]):
 class AnswerReader(RecordReader[Answer]):
     """Answers (dicts of schemas/answer.v1.json) on tierflow.answers, each request id once."""
 
-    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:
-        super().__init__(settings, topics_of(settings).answers, answer_of, from_beginning, dedupe)
+    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True,
+                 listen: bool = False) -> None:
+        super().__init__(settings, topics_of(settings).answers, answer_of, from_beginning, dedupe, listen)
 
 
 class HandoverReader(RecordReader[Handover]):
     """Hand-overs (schemas/handover.v1.json) on tierflow.handover, each request id once: a human agents' desk."""
 
-    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True) -> None:
-        super().__init__(settings, topics_of(settings).handover, handover_of, from_beginning, dedupe)
+    def __init__(self, settings: Settings, from_beginning: bool = True, dedupe: bool = True,
+                 listen: bool = False) -> None:
+        super().__init__(settings, topics_of(settings).handover, handover_of, from_beginning, dedupe, listen)

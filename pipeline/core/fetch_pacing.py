@@ -25,6 +25,11 @@ a heavy worker's model; its fetcher looped the whole time). At 50 msg/s through 
 shop messages): CPU per answer 34.8 -> 16.1 ms, the broker's share 39% -> 12% of a core, p95 2.0 s -> 60 ms (the
 fetch loops had starved the heavy tier's model); p50 6.5 -> 20 ms, since a record from a producer that does not
 ring waits for the next look (the doubling from `first_s`).
+
+Then the load itself sets the pace. Where records come further apart than `rest_after_s`, a consumer rests
+`sparse_rest_s` after each (the next is a ring or a look away anyway), and while they keep coming its looks stay
+within a quarter of their gap instead of doubling. With the workers ringing the answers topic too, at 50 msg/s
+(20 s, 1,000 shop messages): CPU per answer 16.9 -> 12.9 ms, p50 19.0 -> 8.4 ms, p99 66 -> 45 ms.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 TP = tuple[str, int]
+STEADY_GAPS = 4.0  # records count as still coming while the last is no older than this many of their gaps
 
 
 @dataclass
@@ -131,8 +137,13 @@ class FetchPacer:
         self._recheck_at = now + self.recheck_s
 
     def probed(self, now: float) -> None:
-        """A probe found nothing new: the next one waits twice as long, up to `max_s`."""
+        """A probe found nothing new: the next one waits twice as long, up to `max_s`; while records keep coming
+        at a steady pace (the last no longer ago than a few of their gaps), up to a quarter of their gap: at 50
+        msg/s the doubling had a record wait 7 ms for ingest's look, against 2-3 ms with looks 5 ms apart."""
         self._interval = min(self._interval * 2.0, self.max_s)
+        gap, arrived = self._gap_s, self._arrived
+        if gap is not None and arrived is not None and now - arrived < STEADY_GAPS * gap:
+            self._interval = min(self._interval, max(self.first_s, gap / 4.0))
         self._next_probe = now + self._interval
 
     def wait_s(self, now: float) -> float:

@@ -282,7 +282,7 @@ def _print_records(args: argparse.Namespace, reader_of: Any, line: Any) -> int:
 
     s = settings_of(args)
     check_reachable(s.kafka.servers, "Kafka")
-    reader = reader_of(s, from_beginning=not args.new)
+    reader = reader_of(s, from_beginning=not args.new, listen=args.follow)
     stopping = threading.Event()
     stop_on_signals(stopping.set)
     idle_since = time.monotonic()

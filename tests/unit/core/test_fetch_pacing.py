@@ -105,3 +105,23 @@ def test_records_further_apart_than_the_hot_window_make_the_consumer_rest_soon_a
     assert p.hot_window_s() == 0.005 and not p.should_rest(0.070)
     p.expect(1.0)  # a wake is no arrival: the gaps stay those of the records
     assert p.hot_window_s() == 0.005
+
+
+def test_while_records_keep_coming_the_looks_stay_within_a_quarter_of_their_gap_then_back_off_when_they_stop() -> None:
+    """A producer that does not ring (any client but tierflow's): ingest finds its records by looking. At 50 msg/s the
+    doubling (4, 8, 16 ms) had a record wait 7 ms for the look; capped at a quarter of the gap, 2-3 ms."""
+    p = FetchPacer(rest_after_s=0.005, sparse_rest_s=0.0005, first_s=0.004, max_s=0.1)
+    for i in range(5):
+        p.got(i * 0.020)
+    p.rest(0.0806)
+    now, waits = 0.0806, []
+    for _ in range(4):
+        now += p.wait_s(now)
+        p.probed(now)
+        waits.append(round(p.wait_s(now), 4))
+    assert waits == [0.005, 0.005, 0.005, 0.005]  # a quarter of the 20 ms gap
+    now = 0.080 + 4 * 0.020  # four gaps without a record: traffic has stopped, the looks back off again
+    p.probed(now)
+    assert round(p.wait_s(now), 4) == 0.01
+    p.probed(now + 0.01)
+    assert round(p.wait_s(now + 0.01), 4) == 0.02
