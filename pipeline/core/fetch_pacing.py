@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 TP = tuple[str, int]
 STEADY_GAPS = 4.0  # records count as still coming while the last is no older than this many of their gaps
+GAP_CAP_S = 1.0  # a longer gap counts as this much: after an idle hour, a new stream's pace is learnt in a few records
 
 
 @dataclass
@@ -68,7 +69,7 @@ class FetchPacer:
         """Records arrived (`records`; else something says the consumer should be awake): stay hot from `now`."""
         if records:
             if self._arrived is not None:
-                gap = now - self._arrived
+                gap = min(now - self._arrived, GAP_CAP_S)
                 self._gap_s = gap if self._gap_s is None else 0.7 * self._gap_s + 0.3 * gap
             self._arrived = now
         self.resting = False

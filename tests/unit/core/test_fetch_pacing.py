@@ -125,3 +125,22 @@ def test_while_records_keep_coming_the_looks_stay_within_a_quarter_of_their_gap_
     assert round(p.wait_s(now), 4) == 0.01
     p.probed(now + 0.01)
     assert round(p.wait_s(now + 0.01), 4) == 0.02
+
+
+def test_after_a_long_quiet_a_new_stream_pace_is_learnt_within_a_few_records() -> None:
+    p = FetchPacer(rest_after_s=0.005, sparse_rest_s=0.0005, first_s=0.004, max_s=0.1)
+    p.got(0.0)
+    p.got(3600.0)  # an idle hour counts as one second
+    now = 3600.0
+    for _ in range(10):
+        now += 0.020
+        p.got(now)
+    p.rest(now + 0.001)
+    t, waits = now + 0.001, []
+    for _ in range(5):
+        t += p.wait_s(t)
+        p.probed(t)
+        waits.append(p.wait_s(t))
+    # the average gap is ~48 ms after ten records (the hour counted as a second): looks within 12 ms of each other,
+    # where an hour counted in full would have let them double up to max_s (100 ms)
+    assert max(waits) < 0.012 and waits[-1] > 0.011
