@@ -56,7 +56,7 @@ test: $(WRITER_STAMP) tools
 	TIERFLOW_EMBEDDED_BROKER=noida $(BIN)/python -m pytest -m "not slow"; noida=$$?; \
 	wait $$tansu; tansu=$$?; \
 	if [ $$tansu -eq 0 ]; then echo "=== tansu pass: passed"; tail -n 2 .tierflow/test-tansu.log; \
-	else echo "=== tansu pass: FAILED (exit $$tansu)"; tail -n 300 .tierflow/test-tansu.log; fi; \
+	else echo "=== tansu pass: FAILED (exit $$tansu)"; grep -v '^%[0-9]|' .tierflow/test-tansu.log | tail -n 300; fi; \
 	[ $$noida -eq 0 ] && [ $$tansu -eq 0 ]
 
 test-all: $(WRITER_STAMP) tools
