@@ -55,7 +55,7 @@ test: $(WRITER_STAMP) tools
 	echo "tansu pass running beside this one: .tierflow/test-tansu.log"; \
 	TIERFLOW_EMBEDDED_BROKER=noida $(BIN)/python -m pytest -m "not slow"; noida=$$?; \
 	wait $$tansu; tansu=$$?; \
-	if [ $$tansu -eq 0 ]; then echo "=== tansu pass: passed"; tail -n 2 .tierflow/test-tansu.log; \
+	if [ $$tansu -eq 0 ]; then echo "=== tansu pass: passed"; grep -v '^%[0-9]|' .tierflow/test-tansu.log | tail -n 1; \
 	else echo "=== tansu pass: FAILED (exit $$tansu)"; grep -v '^%[0-9]|' .tierflow/test-tansu.log | tail -n 300; fi; \
 	[ $$noida -eq 0 ] && [ $$tansu -eq 0 ]
 
