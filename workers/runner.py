@@ -465,7 +465,7 @@ class Worker:
         """Flush and commit (or, with transactions, commit the transaction with the offsets)."""
         self.stats.batches += 1
         # Who to wake once the batch is out: the resting heavy workers for what it escalated, and the answers'
-        # readers (`tierflow answers`, `send --wait`, a chat front end listening) for what it answered.
+        # followers (`tierflow answers --follow`, a chat front end listening) for what it answered.
         wake = [self.topics.tier(Tier.HEAVY)] if any(kind == "escalated" for kind, *_ in self._observed) else []
         if any(answered is not None for *_, answered in self._observed):
             wake.append(self.topics.answers)

@@ -183,7 +183,8 @@ class OrderedConsumer(Consumer):
 
     def listen(self, bell: Callable[[], Bell], now: bool = False) -> None:
         """Wake at once when `bell()`'s event is set, rather than at the next look. Made on the first rest, or `now`
-        (a reader about to wait for a record it is about to cause, as `send --wait`: subscribed before the ring)."""
+        (a long-lived reader about to wait for records it is about to cause, as a benchmark's: subscribed before
+        the first ring; a one-shot command would pay the subscription's start-up for nothing)."""
         self._bell_factory = bell
         if now and self._bell is None:
             self._bell = bell()
