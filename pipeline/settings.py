@@ -240,6 +240,21 @@ class ReplaySection(Section):
                                "broker load; backfill latency does not matter)")
 
 
+class ConversationSection(Section):
+    """Per-customer conversations (pipeline/core/conversation.py): turns kept in Redis, one list per customer."""
+
+    enabled: bool = Field(True, description="keep each customer's turns and answer in their context; off: every "
+                          "message stands alone")
+    idle_s: float = Field(1800.0, gt=0, description="a customer silent this long starts a new conversation (their "
+                          "turns expire then)")
+    max_turns: int = Field(8, ge=1, le=100, description="turns kept per customer (the oldest go first): with "
+                           "280 characters of text and of answer each, about 8 KB a customer at most")
+
+    @property
+    def idle_ms(self) -> int:
+        return int(self.idle_s * 1000)
+
+
 class HeartbeatSection(Section):
     interval_s: float = 1.0
     ttl_s: float = 5.0
@@ -355,6 +370,7 @@ class Settings(BaseSettings):
     log_json: bool = False
     log_level: str = "INFO"
     heartbeat: HeartbeatSection = Field(default_factory=HeartbeatSection)
+    conversation: ConversationSection = Field(default_factory=ConversationSection)
     feedback: FeedbackSection = Field(default_factory=FeedbackSection)
     learn: LearnSection = Field(default_factory=LearnSection)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from pipeline.contracts.records import Context
     from pipeline.contracts.topics import Tier
     from pipeline.settings import Settings
 
@@ -22,6 +23,16 @@ class Item:
     text: str
     lang: str = "en"  # "zh", "en" or another script tag from pipeline.core.features
     image: bytes | None = None
+    # The customer's conversation, where there is one. Where a message is read with its conversation, `text` is the
+    # conversation's turns and the message (what a classifier reads) and `said` the message itself (what a writer
+    # answers).
+    context: Context | None = None
+    said: str | None = None
+
+    @property
+    def message(self) -> str:
+        """What the customer wrote in this message."""
+        return self.text if self.said is None else self.said
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,7 @@ class Prediction:
     oos: float = 0.0  # out-of-scope score, 0..1: how likely the message is none of the known intents' business
     small_talk: bool = False  # chit-chat is the model's top label: answered where it is, never escalated
     write_ms: float = 0.0  # the writer's time on the batch this item was written in (it waited for all of it)
+    context_used: tuple[str, ...] = ()  # what of the customer's conversation the reading used (the answer says it)
 
 
 @runtime_checkable

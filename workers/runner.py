@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPa
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
 from pipeline.adapters.control_cache import ControlCache
+from pipeline.adapters.conversations import Conversations
 from pipeline.adapters.dlq import DeadLetters
 from pipeline.adapters.doorbell import Bell, ring
 from pipeline.adapters.heartbeats import RECENT_S, Heartbeat, LatencyWindow
@@ -41,7 +42,10 @@ from pipeline.adapters.redis_client import make_redis
 from pipeline.contracts.keys import ControlKeys, Keys
 from pipeline.contracts.models import RoutedRequest, decode_model
 from pipeline.contracts.records import (
+    Answer,
+    Context,
     Routed,
+    Turn,
     answer,
     answer_draft,
     dump_answer_and_result,
@@ -51,11 +55,12 @@ from pipeline.contracts.records import (
     result_details,
 )
 from pipeline.contracts.topics import Tier
+from pipeline.core import conversation as conv
 from pipeline.core.cascade import NEVER, outcome, scope_score
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
 from workers.batching import collect_batch
-from workers.domains import load_domain
+from workers.domains import AnswerBook, load_domain
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 from workers.models.generator import GeneratedAnswers
 
@@ -184,6 +189,10 @@ class Worker:
         # Drafts of written answers (tierflow.answers.drafts): a producer of their own, outside the transactions,
         # made on the first draft: only a heavy worker with a streaming writer ever publishes one.
         self._drafts: Producer | None = None
+        # Answered turns of customers' conversations, recorded once the batch is out (None: conversations off)
+        self.conversations = Conversations(self.r, Keys(settings.redis.prefix), settings.conversation,
+                                           f"worker:{tier.value}") if settings.conversation.enabled else None
+        self._turns: list[tuple[str, str | None, Turn]] = []
 
     def stop(self) -> None:
         self._stop.set()
@@ -287,6 +296,7 @@ class Worker:
 
     def _process_backfill(self, msgs: list[Message], producer: Producer) -> None:
         self._process(msgs, producer)
+        self._record_turns()  # before the lane commits: a batch read again records the same turns (upserts)
         self._count(len(msgs))  # counted when produced: a batch the broker refuses is counted again when re-read
 
     def _process(self, msgs: list[Message], producer: Producer) -> None:
@@ -301,11 +311,11 @@ class Worker:
             if d is not None:
                 routed.append((msg, d, Item(d["request"]["text"], d["features"]["lang"], None)))
                 continue
-            try:  # escalations, images, anything unusual: the full model, then the same plain dict
+            try:  # escalations, images, conversations, anything unusual: the full model, then the same plain dict
                 rr = decode_model(RoutedRequest, raw)
                 image = rr.request.image.decode() if rr.request.image is not None else None
                 slow: Routed = rr.model_dump(mode="json", exclude_none=True)  # type: ignore[assignment]
-                routed.append((msg, slow, Item(rr.request.text or "", rr.features.lang, image)))
+                routed.append((msg, slow, item_of(rr.request.text or "", rr.features.lang, image, slow.get("context"))))
             except InvalidMessage as e:
                 self._dead(msg, e.kind, e.reason)
             except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the worker
@@ -321,11 +331,11 @@ class Worker:
         self._observed = []
         self._abstained = self._handed_over = 0
         fresh = self._first_replay_answers([d for _, d, _ in routed])
-        for (msg, d, _), pred in zip(routed, preds, strict=True):
+        for (msg, d, item), pred in zip(routed, preds, strict=True):
             if pred is None:
                 continue
             try:
-                self._emit(producer, msg, d, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
+                self._emit(producer, msg, d, item, pred, per_item_ms, len(routed), dequeued, inferred, fresh)
             except InvalidMessage as e:  # its outputs cannot be written (a huge key): the reason names the part
                 self._dead(msg, e.kind, e.reason)
             except Exception as e:  # noqa: BLE001 - the last line of defence for one record
@@ -358,7 +368,7 @@ class Worker:
         items = [it for _, _, it in routed]
         self._drafting(routed)
         try:
-            return list(checked_predict(self.model, items))
+            return list(predict_in_context(self.model, items, self.book))
         except Exception as e:  # noqa: BLE001 - any backend failure falls back to per-item retries
             log.warning("%s: batch of %d failed (%s); retrying item by item", self.worker_id, len(items), e)
         out: list[Prediction | None] = []
@@ -397,7 +407,7 @@ class Worker:
 
         model.on_draft = publish
 
-    def _emit(self, out: Producer, msg: Message, d: Routed, pred: Prediction, infer_ms: float, batch: int,
+    def _emit(self, out: Producer, msg: Message, d: Routed, item: Item, pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
         """One record's outputs to `out` (the producer of the batch's lane): its result (always), then its answer
         or its escalation to heavy.
@@ -407,27 +417,38 @@ class Worker:
         rid, key = d["request"]["id"], msg.key()
         replay, shadow = d["replay"], d["shadow"]
         esc = d.get("escalated_from")
+        ctx = d.get("context")
+        lang = d["features"]["lang"]
+        used = pred.context_used
+        restated = conv.restated(ctx, pred.intent)
+        wanted = d.get("handover") or conv.handover_due(ctx, pred.intent)
         oos = scope_score(pred.oos, esc.get("oos_score") if esc is not None else None)
         fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
                        force=d.get("replay_force", False), degraded=d["degraded"],
                        escalated=esc is not None,
                        fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=oos,
                        abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER),
-                       small_talk=pred.small_talk)
+                       small_talk=pred.small_talk, restated=restated, handover_wanted=wanted is not None)
         escalate = fate.escalate
         produced = _now_ms()
         if escalate:
             text, fallback, handed = "", None, None
         elif fate.handover:  # a person answers: the customer is told so, in their language
-            text, fallback, handed = self.book.holding(d["features"]["lang"]), None, HANDOVER_REASON
+            text, fallback, handed = self.book.holding(lang), None, wanted or HANDOVER_REASON
         else:
             text, fallback, handed = pred.answer, pred.fallback, None
+            opening, slots_used = conv.used_slots(ctx, lang, text)
+            text, used = opening + text, used + slots_used
         if fresh_replays and rid in fresh_replays:
             # what makes a resumed replay idempotent, durable beside the answer (same batch, same transaction):
             # a Redis that loses `replay:answered` is given it back from the control topic
             produce(out, self.topics.control, b"1", ControlKeys.replay_answered(rid))
         ans = answer(d, self.tier, text, pred.intent, pred.confidence, pred.model, infer_ms, dequeued, produced,
                      fallback, handed, pred.write_ms)
+        if ctx is not None:
+            ans["context_used"] = [*used, *(("restated_topic",) if restated else ())]
+            if fate.answer and self.conversations is not None:
+                self._turns.append(self._answered_turn(d, ctx, item, ans, restated))
         answer_json, result_json = dump_answer_and_result(
             ans, result_details(d, self.tier, fate.final, dequeued, inferred, produced, batch, self.worker_id,
                                 oos, fate.abstained))
@@ -451,6 +472,15 @@ class Worker:
                 produce(out, self.topics.handover, orjson.dumps(handover(d, ans, oos)), key)
                 self._handed_over += 1
 
+    def _answered_turn(self, d: Routed, ctx: Context, item: Item, a: Answer,
+                       restated: bool) -> tuple[str, str | None, Turn]:
+        """The customer's turn with its answer, as the store keeps it (recorded once the batch is out)."""
+        req = d["request"]
+        turn = conv.new_turn(req["id"], ctx["conversation_id"], d["received_ms"], item.message, d["features"]["lang"],
+                             d["features"]["complaint"])
+        turn.update(conv.outcome(a["intent"], self.tier, a["answer"], restated or ctx["unresolved_marker"]))  # type: ignore[typeddict-item]
+        return req.get("user_id") or "", d.get("replay_job") if d["replay"] else None, turn
+
     def _internal(self, msg: Message, e: Exception) -> None:
         """A record that raised in tierflow's own code: to the DLQ (kind internal) with the exception; go on."""
         log.exception("%s: %s[%s]@%s raised; dead-lettered", self.worker_id, msg.topic(), msg.partition(),
@@ -472,13 +502,20 @@ class Worker:
         if self._handed_over:
             wake.append(self.topics.handover)
         if not self.committer.finish(live):
+            self._turns = []  # the batch is read again: its turns are recorded then
             return len(live)
         if wake:
             ring(self.r, self.s.redis.prefix, wake)
+        self._record_turns()
         self._count(len(live))
         self.lag = lag_of(self.consumer)
         metrics.CONSUMER_LAG.labels(self.topics.tier(self.tier), self.group).set(self.lag)
         return len(live)
+
+    def _record_turns(self) -> None:
+        if self._turns and self.conversations is not None:
+            self.conversations.complete(self._turns)
+        self._turns = []
 
     def _count(self, batch: int) -> None:
         """Metrics and stats for a batch whose outputs the broker accepted (a rewound batch counts once).
@@ -532,6 +569,46 @@ SADD_EACH = "local out = {} for i, m in ipairs(ARGV) do out[i] = redis.call('SAD
 
 
 HANDOVER_REASON = "out_of_scope"  # the final stage's out-of-scope score was over `handover_above`
+
+
+def predict_in_context(model: InferenceModel, items: list[Item], book: AnswerBook) -> list[Prediction]:
+    """`model`'s predictions with each customer's conversation read in (pipeline/core/conversation.py `choose`).
+
+    A message with an open topic is also read with its conversation's earlier turns: one more row in the same
+    classifier call. A writer writes once per message, on the reading chosen: its classifier reads both first.
+    """
+    alts = {i: j for i, it in enumerate(items)
+            if it.context is not None and "topic" in it.context and (j := conv.joined_text(it.context, it.text))}
+    if not alts:
+        return checked_predict(model, items)
+    reader: InferenceModel | None = getattr(model, "classifier", None)  # the classifier under a writer
+    first = checked_predict(reader or model, [*items, *(Item(j, items[i].lang) for i, j in alts.items())])
+    joined = dict(zip(alts, first[len(items):], strict=True))
+    readings = {i: conv.choose(items[i].context, _guess(first[i]), _guess(joined[i]), items[i].text) for i in alts}
+    if reader is None:
+        return [_as_read(joined[i] if i in readings and readings[i].source == "joined" else p, readings.get(i),
+                         items[i], book) for i, p in enumerate(first[:len(items)])]
+    chosen = [replace(it, text=alts[i], said=it.text) if i in readings and readings[i].source != "own" else it
+              for i, it in enumerate(items)]
+    return [_as_read(p, readings.get(i), chosen[i], book) for i, p in enumerate(checked_predict(model, chosen))]
+
+
+def _guess(p: Prediction) -> conv.Guess:
+    return conv.Guess(p.intent, p.confidence, p.small_talk)
+
+
+def _as_read(p: Prediction, reading: conv.Reading | None, item: Item, book: AnswerBook) -> Prediction:
+    if reading is None or reading.source == "own":
+        return p
+    if reading.intent != p.intent:  # the open topic's answer, not a pleasantry or the fragment's guess
+        return replace(p, intent=reading.intent, answer=book.answer(reading.intent, item.lang), small_talk=False,
+                       oos=0.0, context_used=reading.used)
+    return replace(p, context_used=reading.used)
+
+
+def item_of(text: str, lang: str, image: bytes | None, ctx: Context | None) -> Item:
+    """A routed message as its model reads it, with its conversation."""
+    return Item(text, lang, image, ctx)
 
 
 def _now_ms() -> int:

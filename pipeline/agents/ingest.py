@@ -21,6 +21,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
+from pipeline.adapters.conversations import Conversations
+from pipeline.adapters.conversations import Message as Said
 from pipeline.adapters.dlq import DeadLetters, headers_dict
 from pipeline.adapters.doorbell import Bell, ring
 from pipeline.adapters.heartbeats import AGENT, Heartbeat, observe
@@ -40,17 +42,23 @@ from pipeline.adapters.periodic import Periodic
 from pipeline.adapters.probes import READINESS
 from pipeline.adapters.redis_client import make_redis
 from pipeline.adapters.threshold_store import ThresholdCache, ThresholdStore
+from pipeline.contracts.keys import Keys
 from pipeline.contracts.models import decode_request
 from pipeline.contracts.records import (
     MAX_IMAGE_BYTES,
+    Context,
+    Features,
+    RequestRecord,
     RoutedBatch,
     RoutedFields,
     dump_routed,
     fast_request,
     replayed,
     routed_fields,
+    with_context,
 )
 from pipeline.contracts.topics import Tier
+from pipeline.core import conversation as conv
 from pipeline.core import features
 from pipeline.core.health import HealthState, assess, at_own_start, heavy_limits
 from pipeline.core.routing import HEALTHY, Route, TierHealth, in_sample, route
@@ -156,6 +164,9 @@ class Ingest:
         self.heartbeat = Heartbeat(self.r, settings.redis.prefix, AGENT, f"ingest-{socket.gethostname()}-{os.getpid()}",
                                    settings.heartbeat.interval_s, settings.heartbeat.ttl_s, self.status)
         self._stop = threading.Event()
+        # Each customer's earlier turns (None: every message stands alone)
+        self.conversations = Conversations(self.r, Keys(settings.redis.prefix), settings.conversation, "ingest") \
+            if settings.conversation.enabled else None
         self._sources = [self.topics.requests]
         self._tier_topics = {t: self.topics.tier(t) for t in Tier}
         self._replay_topics = {t: self.topics.replay_tier(t) for t in Tier}
@@ -270,6 +281,8 @@ class Ingest:
         """The hot loop: plain text requests inline, everything rarer through `_route_one`."""
         errors = 0
         env = _Envelope(th, now_ms, self._tier_topics)
+        talks = self.conversations is not None
+        in_context: list[tuple[Message, RequestRecord, Features, Route, int]] = []  # customers' messages
         vips, length, fast_ok = self.cache.vips, th.length_threshold, th.shadow_rate <= 0
         extract, features_json, dests, produce_ = features.extract_fields, RoutedBatch.features, env.dests, \
             self.producer.produce
@@ -288,9 +301,12 @@ class Ingest:
                 user_id = d.get("user_id")
                 feats = extract(d["text"], d.get("lang"), False, 0, user_id in vips)
                 r = route(feats, length, health)
-                topic, route_json = dests.get(r) or env.dest(r)
                 ts_type, ts = msg.timestamp()
                 received = ts if ts_type and ts > 0 else (d.get("ts") or now_ms)
+                if talks and user_id is not None:  # routed below, in its conversation, with the batch's others
+                    in_context.append((msg, d, feats, r, received))
+                    continue
+                topic, route_json = dests.get(r) or env.dest(r)
                 value = dump(raw, features_json(feats), received, route_json)
                 key = msg.key() or (user_id or d["id"]).encode()
                 try:
@@ -301,8 +317,46 @@ class Ingest:
                 routed[r] += 1
             except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the pipeline
                 self._internal(msg, e)
+        if in_context:
+            self._route_in_context(in_context, env, health, now_ms, routed)
         self.stats.routed += sum(routed.values())
         return [m for m in msgs if m.error() is None] if errors else msgs
+
+    def _route_in_context(self, batch: list[tuple[Message, RequestRecord, Features, Route, int]], env: _Envelope,
+                          health: TierHealth, now_ms: int, routed: Counter[Route]) -> None:
+        """Customers' plain messages: placed in their conversations (one read and one write for the batch), then
+        routed as their conversation says (pipeline/core/conversation.py)."""
+        assert self.conversations is not None
+        try:
+            ctxs = self.conversations.contexts(
+                [Said(d["user_id"], d["id"], received, d["text"], f["lang"], f["complaint"])
+                 for _, d, f, _, received in batch], now_ms)
+        except Exception as e:  # a bug in the store must not lose the batch: route it without context
+            log.exception("ingest: conversations failed (%s); routing the batch without them", e)
+            ctxs = [None] * len(batch)
+        for (msg, d, feats, r, received), ctx in zip(batch, ctxs, strict=True):
+            try:
+                steer = conv.steer(r, ctx, feats["complaint"], health)
+                topic, route_json = env.dests.get(steer.route) or env.dest(steer.route)
+                value = with_context(env.batch.dump(msg.value() or b"{}", RoutedBatch.features(feats), received,
+                                                    route_json), ctx, steer.handover)
+                key = msg.key() or d["user_id"].encode()
+                try:
+                    self.producer.produce(topic, value, key)
+                except (BufferError, KafkaException):
+                    if not self._produce_slow(msg, topic, value, key):
+                        continue
+                routed[steer.route] += 1
+            except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the pipeline
+                self._internal(msg, e)
+
+    def _context(self, user_id: str | None, request_id: str, at_ms: int, text: str, feats: Features,
+                 conversation_id: str | None, replay_job: str | None) -> Context | None:
+        """One message's conversation (the slow path's: images, validated requests, replays)."""
+        if self.conversations is None or user_id is None:
+            return None
+        return self.conversations.contexts([Said(user_id, request_id, at_ms, text, feats["lang"], feats["complaint"],
+                                                 conversation_id, replay_job)], at_ms)[0]
 
     def _internal(self, msg: Message, e: Exception) -> None:
         """A record that raised in tierflow's own code: to the DLQ (kind internal) with the exception; go on."""
@@ -369,8 +423,15 @@ class Ingest:
         if replay_job is not None:
             received = now_ms  # a backfill's latency starts when it is replayed, not when first sent
         key = msg.key() or (req.user_id or req.id).encode()
+        ctx = self._context(req.user_id, req.id, received, req.text or "", feats, req.conversation_id, replay_job)
+        steer = conv.steer(r, ctx, feats["complaint"], health)
+        r = steer.route
         fields = routed_fields(feats, r.tier, r.reason, r.degraded, th.version, th.escalate_below, received, now_ms,
                                th.abstain_above, th.handover_above)
+        if ctx is not None:
+            fields["context"] = ctx
+            if steer.handover is not None:
+                fields["handover"] = steer.handover
         raw_request = raw or b"{}"
         if replay_job is not None:
             try:

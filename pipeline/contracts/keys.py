@@ -13,6 +13,9 @@ All live under the settings' `redis_prefix` (default `tierflow:`), so two stacks
 - `models:light:history`                                  every promotion, rejection and rollback, oldest first
 - `learn:state`                                           the trainer agent's snapshot (`tierflow models list`)
 - `wake:<topic>`                                          pub/sub: records were written to <topic> (a doorbell)
+- `conv:<user>`, `conv:replay:<job>:<user>`              a customer's conversation turns (live; a replay job's own),
+                                                          each expiring after the conversation's idle timeout
+- `conv:forgot:<user>`                                    when `tierflow forget` erased a customer (older turns refused)
 - `epoch`                                                 set once this Redis holds the control state (restored
                                                           from the control topic, or seeded): absent = empty Redis
 
@@ -98,6 +101,20 @@ class Keys:
     @property
     def learn_state(self) -> str:
         return f"{self.prefix}learn:state"
+
+    def conversation(self, user_id: str, replay_job: str | None = None) -> str:
+        """A customer's turns: live, or a replay job's (a backfill rebuilds its conversations apart from live ones)."""
+        if replay_job is None:
+            return f"{self.prefix}conv:{user_id}"
+        return f"{self.prefix}conv:replay:{replay_job}:{user_id}"
+
+    def conversations_of(self, user_id: str) -> str:
+        """The SCAN pattern of every replay job's turns of one customer (glob characters in the id escaped)."""
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in user_id)
+        return f"{self.prefix}conv:replay:*:{escaped}"
+
+    def forgotten(self, user_id: str) -> str:
+        return f"{self.prefix}conv:forgot:{user_id}"
 
     def wake(self, topic: str) -> str:
         """The doorbell of `topic`: its writers publish here, its resting consumers wake (adapters/doorbell.py)."""

@@ -24,6 +24,7 @@ from pipeline.contracts.records import (
     MAX_TEXT_CHARS,
     MAX_TS,
     Answer,
+    Context,
     Count,
     Handover,
     ImageMime,
@@ -70,6 +71,7 @@ class Request(BaseModel):
     ts: Annotated[int, Field(ge=0, le=MAX_TS, strict=True)] | None = None
     label: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     meta: dict[str, Any] | None = None
+    conversation_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -169,6 +171,8 @@ class RoutedRequest(BaseModel):
     replay_force: bool = False
     abstain_above: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     handover_above: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    context: Context | None = None
+    handover: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
 
 @cache

@@ -63,6 +63,7 @@ class RequestRecord(TypedDict):
     ts: NotRequired[int]
     label: NotRequired[str]
     meta: NotRequired[dict[str, Any]]
+    conversation_id: NotRequired[str]
 
 
 @with_config(_CLOSED)
@@ -96,6 +97,56 @@ class EscalatedFrom(TypedDict):
     abstained: NotRequired[bool]  # escalated because the score was over `abstain_above`, not for low confidence
 
 
+# --------------------------------------------------------------------------- conversations
+@with_config(_CLOSED)
+class PastTurn(TypedDict):
+    """An earlier turn of the customer's conversation as the stages see it (text and answer cut short)."""
+
+    text: str
+    lang: str
+    intent: NotRequired[str]  # absent: not answered yet when this message was routed
+    answer: NotRequired[str]
+
+
+@with_config(_CLOSED)
+class Context(TypedDict):
+    """What the conversation adds to a routed record (pipeline/core/conversation.py builds it at ingest).
+
+    `topic`: the intent of the last answered turn (absent: none, or small talk closed it); `topic_turns`: how many
+    answered turns in a row were on it; `unresolved`: how many of those said the answer had not helped (the
+    customer restated the topic, or wrote "still" / "还是"); `complaints`: complaining turns in a row before this
+    one. `slots`: what the conversation named so far (this message's included), the latest value of each."""
+
+    conversation_id: Annotated[str, Field(min_length=1, max_length=160)]
+    turn: Annotated[int, Field(ge=1)]
+    history: list[PastTurn]
+    slots: dict[str, str]
+    follow_up: bool  # this message reads as a continuation of the last turn (a slot, "and if ...?")
+    unresolved_marker: bool  # this message says an earlier answer did not help
+    topic: NotRequired[str]
+    topic_turns: Count
+    unresolved: Count
+    complaints: Count
+
+
+class Turn(TypedDict):
+    """One turn as the conversation store keeps it (pipeline/adapters/conversations.py): written by ingest when it
+    routes the message, completed by the worker that answers it (`intent`, `tier`, `answer`, `unresolved`)."""
+
+    id: str
+    conversation_id: str
+    at: int  # epoch ms received
+    text: str
+    lang: str
+    slots: dict[str, str]
+    follow_up: bool
+    complaint: bool
+    unresolved: bool
+    intent: NotRequired[str]
+    tier: NotRequired[str]
+    answer: NotRequired[str]
+
+
 class RoutedFields(TypedDict):
     """A routed record but its request (which travels as the producer's own, already validated, JSON bytes)."""
 
@@ -116,6 +167,10 @@ class RoutedFields(TypedDict):
     # escalates; a final stage's score over `handover_above` hands the request over to a person.
     abstain_above: NotRequired[float]
     handover_above: NotRequired[float]
+    # The customer's conversation so far (absent: no user id, or stateless settings); `handover` set by ingest when
+    # the conversation itself asks for a person (the final stage hands over, the conversation attached).
+    context: NotRequired[Context]
+    handover: NotRequired[str]
 
 
 class Routed(RoutedFields):
@@ -154,6 +209,16 @@ def replayed(fields: RoutedFields, job: str, force: bool) -> RoutedFields:
 def dump_routed(raw_request: bytes, fields: RoutedFields) -> bytes:
     """schemas/routed.v1.json bytes: the validated request's own JSON, then the routing fields."""
     return b'{"request":' + raw_request + b"," + orjson.dumps(fields)[1:]
+
+
+def with_context(routed_json: bytes, ctx: Context | None, handover: str | None = None) -> bytes:
+    """A routed record's bytes with its conversation (and ingest's hand-over wish) added."""
+    if ctx is None:
+        return routed_json
+    extra = b',"context":' + orjson.dumps(ctx)
+    if handover is not None:
+        extra += b',"handover":' + orjson.dumps(handover)
+    return routed_json[:-1] + extra + b"}"
 
 
 _FEATURES_JSON = (b'{"chars":%d,"tokens":%d,"script":%b,"lang":%b,"has_image":%b,"image_bytes":%d,"vip":%b,'
@@ -241,6 +306,11 @@ class Answer(TypedDict):
     fallback_reason: NotRequired[str]
     handover: NotRequired[bool]  # handed over to a person: `answer` is the holding message (why: handover_reason)
     handover_reason: NotRequired[str]
+    # The customer's conversation: its id, this message's turn in it, and what of it the answer used (e.g.
+    # "previous_turn" for a follow-up read with the turn before, "slot:order_id" for an order named earlier)
+    conversation_id: NotRequired[str]
+    turn: NotRequired[Annotated[int, Field(ge=1)]]
+    context_used: NotRequired[list[str]]
 
 
 @with_config(_CLOSED)
@@ -314,6 +384,9 @@ def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, mod
     }
     if write_ms > 0:
         out["timings_ms"]["write"] = round(write_ms, 3)
+    ctx = d.get("context")
+    if ctx is not None:
+        out["conversation_id"], out["turn"], out["context_used"] = ctx["conversation_id"], ctx["turn"], []
     if fallback is not None:
         out["fallback"], out["fallback_reason"] = True, fallback
     if handover is not None:
@@ -382,13 +455,15 @@ class Handover(TypedDict):
     threshold_version: Annotated[int, Field(ge=0)]
     received_at: EpochMs
     handed_over_at: EpochMs
+    conversation: NotRequired[list[PastTurn]]  # the turns before this one, oldest first (absent: no conversation)
+    slots: NotRequired[dict[str, str]]
 
 
 def handover(d: Routed, a: Answer, oos_score: float) -> Handover:
     """The hand-over record of `d`, whose answer `a` (`handover` set) holds the customer meanwhile."""
     esc = d.get("escalated_from")
     req = d["request"]
-    return {
+    out: Handover = {
         "request_id": a["request_id"],
         "user_id": a["user_id"],
         "text": req.get("text", ""),
@@ -411,6 +486,10 @@ def handover(d: Routed, a: Answer, oos_score: float) -> Handover:
         "received_at": d["received_ms"],
         "handed_over_at": a.get("answered_at", d["received_ms"]),
     }
+    ctx = d.get("context")
+    if ctx is not None:  # the desk reads the conversation without asking the store
+        out["conversation"], out["slots"] = ctx["history"], ctx["slots"]
+    return out
 
 
 @with_config(_CLOSED)
@@ -515,7 +594,8 @@ def _plain_request(d: dict[str, Any]) -> bool:
 
 # The schema requires replay and shadow: the fast path too. Escalations take the full model.
 _ROUTED_REQUIRED = Routed.__required_keys__
-_ROUTED_FAST_KEYS = frozenset(Routed.__annotations__) - {"escalated_from"}
+# Escalations and records with a conversation (its nested turns are validated by the model) take the full model.
+_ROUTED_FAST_KEYS = frozenset(Routed.__annotations__) - {"escalated_from", "context", "handover"}
 _FEATURE_TYPES = tuple((k, int if k in ("chars", "tokens", "image_bytes", "length") else str if k in ("script", "lang")
                         else bool)
                        for k in Features.__annotations__)

@@ -53,7 +53,8 @@ def abstains(oos_score: float, above: float) -> bool:
 def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: bool = False, replay: bool = False,
             force: bool = False, degraded: bool = False, escalated: bool = False,
             fresh: bool | None = None, oos_score: float = 0.0, abstain_above: float = NEVER,
-            handover_above: float = NEVER, small_talk: bool = False) -> Outcome:
+            handover_above: float = NEVER, small_talk: bool = False, restated: bool = False,
+            handover_wanted: bool = False) -> Outcome:
     """The outcome for one prediction.
 
     - Only the light tier escalates, once (`escalated`: the record came from light already), never a shadow run
@@ -64,17 +65,20 @@ def outcome(tier: Tier, confidence: float, escalate_below: float, *, shadow: boo
     - Small talk (chit-chat is the model's top label) never abstains nor is handed over: people are for the
       business's questions. Unsure small talk still escalates (short shop questions, "my parcel", can look like
       it to the light model).
+    - In a conversation (pipeline/core/conversation.py): light escalates a message that `restated` the open topic
+      (its answer did not help), and the last stage hands over one whose conversation asks for a person
+      (`handover_wanted`).
     - A shadow run writes its result only.
     - A replayed request that an earlier replay already answered (`fresh` False) is not answered again unless the
       operator forced it (`force`); `fresh` None: unknown (Redis unreachable), answered (at least once).
     """
     can_escalate = tier is Tier.LIGHT and not shadow and not escalated and not degraded
     light_abstains = can_escalate and abstains(oos_score, abstain_above)
-    escalate = can_escalate and (light_abstains or should_escalate(confidence, escalate_below))
+    escalate = can_escalate and (light_abstains or restated or should_escalate(confidence, escalate_below))
     final = not escalate and not shadow
     answer = final and not (replay and not force and fresh is False)
     last_abstains = not escalate and not small_talk and abstains(oos_score, handover_above)
-    handover = answer and last_abstains
+    handover = answer and (last_abstains or (handover_wanted and not escalate))
     key = (escalate, final, answer, replay, light_abstains or last_abstains, handover)
     o = _SEEN.get(key)
     if o is None:  # a handful of distinct outcomes: built once each, not once per message (the worker's hot path)

@@ -237,12 +237,15 @@ class GeneratedAnswers:
     def request_for(self, item: Item, pred: Prediction) -> GenerationRequest:
         """What the generator is asked for `item`, given the classifier's `pred`."""
         d = self.domain
+        ctx = item.context
+        history = tuple((t["text"], t.get("answer", "")) for t in ctx["history"]) if ctx else ()
+        slots = tuple(sorted(ctx["slots"].items())) if ctx else ()
         if d is None:
-            return GenerationRequest(item.text, item.lang, pred.intent, pred.answer)
+            return GenerationRequest(item.message, item.lang, pred.intent, pred.answer, history=history, slots=slots)
         also = pred.also if pred.also and pred.also != pred.intent and pred.also in d.answers.intents else None
-        return GenerationRequest(item.text, item.lang, pred.intent, pred.answer,
+        return GenerationRequest(item.message, item.lang, pred.intent, pred.answer,
                                  d.answers.facts(pred.intent, item.lang), business=d.business_of(item.lang),
-                                 also=d.answers.answer(also, item.lang) if also else "")
+                                 also=d.answers.answer(also, item.lang) if also else "", history=history, slots=slots)
 
     def predict(self, batch: Sequence[Item]) -> list[Prediction]:
         preds = checked_predict(self.classifier, batch)

@@ -16,6 +16,10 @@ from typing import Protocol, runtime_checkable
 # prompt's cost (prefill time, KV memory) grows with every character.
 MAX_MESSAGE_CHARS = 1000
 
+# The conversation in a prompt: the last turns, each cut short (prefill time grows with every character).
+MAX_HISTORY_TURNS = 3
+MAX_TURN_CHARS = 200
+_SLOT_NAMES = {"order_id": "order number", "product": "product", "amount": "amount"}
 _LANGUAGE_NAMES = {"en": "English", "zh": "Simplified Chinese (简体中文)"}
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _ECHOED_LABEL = re.compile(r"^(customer message|reply|answer|assistant)\s*:\s*", re.IGNORECASE)
@@ -39,6 +43,10 @@ class GenerationRequest:
     facts: tuple[tuple[str, ...], ...] = ()
     business: str = "a shop"  # who the customer writes to (the domain pack's `business`)
     also: str = ""  # the policy of a second intent the message raises ("screen cracked, invoice lost"), if any
+    # The conversation so far: (what the customer wrote, what we answered) per earlier turn, oldest first, and the
+    # details they gave (order number, product, amount), so "order 58213" is answered about that order.
+    history: tuple[tuple[str, str], ...] = ()
+    slots: tuple[tuple[str, str], ...] = ()
 
 
 @runtime_checkable
@@ -83,7 +91,15 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
         "placeholders such as [Name]."
     )
     message = req.text.strip()[:MAX_MESSAGE_CHARS]
-    user = f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
+    user = ""
+    if req.history:
+        user += "Earlier in this conversation:\n" + "".join(
+            f"Customer: {said[:MAX_TURN_CHARS]}\n" + (f"We answered: {ours[:MAX_TURN_CHARS]}\n" if ours else "")
+            for said, ours in req.history[-MAX_HISTORY_TURNS:])
+    if req.slots:
+        user += "Details the customer gave: " + "; ".join(f"{_SLOT_NAMES.get(k, k)} {v}" for k, v in req.slots) + \
+            " (use them; never invent others)\n"
+    user += f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
     if req.reference:
         user += f"Our policy for this topic: {req.reference}\n"
     if req.also:

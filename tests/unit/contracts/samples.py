@@ -84,3 +84,12 @@ fields = st.fixed_dictionaries({}, optional={
     "image": st.fixed_dictionaries({"data": st.just(PNG)}, optional={"mime": st.sampled_from(
         ["image/png", "image/gif", "image/webp"])}),
 })
+
+# A routed record's conversation: the second turn, after a warranty question
+CONTEXT: dict[str, Any] = {
+    "conversation_id": "u1:r0", "turn": 2,
+    "history": [{"text": "my headphones stopped working", "lang": "en", "intent": "warranty_repair",
+                 "answer": "Electronics have a 1-year warranty."}],
+    "slots": {"order_id": "58213", "product": "headphones"}, "follow_up": True, "unresolved_marker": False,
+    "topic": "warranty_repair", "topic_turns": 1, "unresolved": 0, "complaints": 0,
+}

@@ -44,7 +44,7 @@ from pipeline.contracts.records import (
 )
 from pipeline.contracts.topics import Tier
 from pipeline.errors import InvalidMessage
-from tests.unit.contracts.samples import CASES, ROUTED, fields, fields_of, schema_ok
+from tests.unit.contracts.samples import CASES, CONTEXT, ROUTED, fields, fields_of, schema_ok
 
 
 # --------------------------------------------------------------------------- fast paths
@@ -185,8 +185,10 @@ def test_scope_thresholds_that_are_not_scores_leave_the_fast_path(value: object)
 def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accept() -> None:
     d = fast_routed(orjson.dumps({**ROUTED, "request": {**ROUTED["request"], "label": "reset_pin"}}))
     assert d is not None
+    d["context"] = CONTEXT  # a conversation's record (those take the full model in a worker)
     a = answer(d, Tier.LIGHT, "Here is how.", "reset_pin", 1.2, "light-m", 0.4567, 10, 20, fallback="timeout",
                handover="out_of_scope", write_ms=0.2)
+    a["context_used"] = ["previous_turn"]
     answer_json, result_json = dump_answer_and_result(
         a, result_details(d, Tier.LIGHT, True, 10, 15, 20, 3, "w-1", oos_score=0.91, abstained=True))
     ans, res = orjson.loads(answer_json), orjson.loads(result_json)
@@ -197,7 +199,8 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
         "tier": "light", "model": "light-m", "escalated": False, "degraded": False, "route_reason": "short",
         "timings_ms": {"ingest": 1, "queue": 8, "inference": 0.457, "total": 19, "write": 0.2}, "replay": False,
         "threshold_version": 1, "lang": "en", "answered_at": 20, "fallback": True, "fallback_reason": "timeout",
-        "handover": True, "handover_reason": "out_of_scope",
+        "handover": True, "handover_reason": "out_of_scope", "conversation_id": "u1:r0", "turn": 2,
+        "context_used": ["previous_turn"],
     }
     assert {k: ans[k] for k in expected} == expected
     assert res == {**ans, "final": True, "stage": "light", "shadow": False, "features": FEATURES,
@@ -212,6 +215,7 @@ def test_the_answer_and_result_builders_write_what_the_schemas_and_records_accep
 def test_the_handover_builder_writes_what_the_schema_and_record_accept() -> None:
     d = fast_routed(orjson.dumps({**ROUTED, "handover_above": 0.6}))
     assert d is not None
+    d["context"] = CONTEXT
     up = escalation(d, Tier.LIGHT, "lost_card", 0.3, "light-m", 1.0, oos_score=0.7, abstained=True)
     a = answer(up, Tier.HEAVY, "A colleague will reply.", "lost_card", 0.4, "heavy-m", 3.0, 10, 20,
                handover="out_of_scope")
@@ -223,6 +227,7 @@ def test_the_handover_builder_writes_what_the_schema_and_record_accept() -> None
         ("r1", "How do I reset my PIN?", "out_of_scope", 0.8765, 0.6, "heavy")
     assert (h["light_intent"], h["light_confidence"], h["holding_message"]) == \
         ("lost_card", 0.3, "A colleague will reply.")
+    assert h["conversation"] == CONTEXT["history"] and h["slots"] == CONTEXT["slots"]  # the desk sees the talk
     assert not schema_ok("handover", {**h, "oos_score": 1.5}) and not schema_ok("handover", {**h, "x": 1})
 
 

@@ -1,0 +1,116 @@
+"""Conversations end to end (issue 35): real broker, real Redis, the packaged e-commerce models.
+
+Customers write in turns, each turn sent once the previous one is answered (as a person does). Many customers are
+interleaved on the same partitions; each names an order of their own. A later turn's answer names that customer's
+order and no one else's, says which turn it is and what of the conversation it used; `forget` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from pipeline.adapters.conversations import Conversations
+from pipeline.adapters.kafka import topics_of
+from pipeline.contracts.keys import Keys
+from pipeline.contracts.models import validate_answer
+from pipeline.contracts.topics import Tier
+from pipeline.settings import Settings
+from schemas import validator
+from tests.conftest import Running
+from tests.integration.helpers import produce_all, reader
+from tests.integration.test_end_to_end import start_pipeline
+from workers.model import InferenceModel
+
+pytestmark = pytest.mark.integration
+
+CUSTOMERS = 60  # interleaved, 4 partitions: ~15 customers share each
+
+
+def order_of(i: int) -> str:
+    return f"{58000 + i * 7:05d}{i % 10}"  # 6 digits, distinct per customer
+
+
+FIRST = {"en": "I want to cancel order {order}", "zh": "我想取消订单{order}"}
+SECOND = {"en": "do I lose any money then?", "zh": "那要扣钱吗？"}
+THIRD = {"en": "thanks, bye", "zh": "好的，谢谢"}
+
+
+class Answers:
+    """Answers by request id, read as they come."""
+
+    def __init__(self, s: Settings) -> None:
+        self.c = reader(s, topics_of(s).answers)
+        self.by_id: dict[str, dict[str, Any]] = {}
+
+    def wait(self, ids: set[str], timeout: float = 180.0) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while not ids <= self.by_id.keys() and time.monotonic() < deadline:
+            for m in self.c.consume(500, 0.5):
+                if m.error() is None and m.value():
+                    a = orjson.loads(m.value() or b"{}")
+                    self.by_id[a["request_id"]] = a
+        missing = ids - self.by_id.keys()
+        assert not missing, f"{len(missing)} not answered, e.g. {sorted(missing)[:3]}"
+        return {i: self.by_id[i] for i in ids}
+
+
+def send_turn(s: Settings, turn: int, template: dict[str, str]) -> set[str]:
+    reqs = []
+    for i in range(CUSTOMERS):
+        lang = "zh" if i % 2 else "en"
+        reqs.append({"id": f"c{i}-t{turn}", "user_id": f"cust-{i}", "text": template[lang].format(order=order_of(i))})
+    produce_all(s, topics_of(s).requests, [orjson.dumps(r) for r in reqs], keys=[r["user_id"] for r in reqs])
+    return {r["id"] for r in reqs}
+
+
+def test_interleaved_customers_keep_their_own_conversations_and_forget_erases_them(
+    settings_factory: Callable[..., Settings], running: Running, packaged_models: dict[Tier, InferenceModel]
+) -> None:
+    s = settings_factory()
+    start_pipeline(s, running, packaged_models)
+    answers = Answers(s)
+    first = answers.wait(send_turn(s, 1, FIRST))
+    second = answers.wait(send_turn(s, 2, SECOND))
+    third = answers.wait(send_turn(s, 3, THIRD))
+
+    orders = {order_of(i) for i in range(CUSTOMERS)}
+    for i in range(CUSTOMERS):
+        a1, a2, a3 = first[f"c{i}-t1"], second[f"c{i}-t2"], third[f"c{i}-t3"]
+        for a in (a1, a2, a3):
+            validate_answer(a)
+            validator("answer").validate(a)
+        assert (a1["turn"], a2["turn"], a3["turn"]) == (1, 2, 3), (a1, a2, a3)
+        assert a1["conversation_id"] == a2["conversation_id"] == a3["conversation_id"]
+        # the second turn names the order of the first: this customer's, and no one else's
+        assert order_of(i) in a2["answer"], a2
+        assert not [o for o in orders - {order_of(i)} if o in a2["answer"] or o in a3["answer"]], "a leak"
+        assert "slot:order_id" in a2["context_used"], a2
+        # "do I lose any money then?" alone is no shop question; read with the first turn it is about the order
+        assert a2["intent"] in ("cancel_order", "check_cancellation_fee"), a2
+        assert a3["intent"] == "chitchat", a3  # thanks close the topic, they do not continue it
+
+    store = Conversations(_redis(s), Keys(s.redis.prefix), s.conversation, "test")
+    turns = store.turns("cust-0")
+    assert [t["id"] for t in turns] == ["c0-t1", "c0-t2", "c0-t3"]
+    assert all("intent" in t and "answer" in t for t in turns), turns  # each completed by the stage answering it
+    assert store.forget("cust-0") >= 1
+    assert store.held("cust-0") == [] and store.turns("cust-0") == []
+    assert store.turns("cust-1"), "forgetting one customer leaves the others"
+
+    # after forget, the customer's next message starts a new conversation
+    produce_all(s, topics_of(s).requests, [orjson.dumps({"id": "c0-t4", "user_id": "cust-0", "text": SECOND["en"]})],
+                keys=["cust-0"])
+    again = answers.wait({"c0-t4"})["c0-t4"]
+    assert again["turn"] == 1 and order_of(0) not in again["answer"], again
+
+
+def _redis(s: Settings) -> redis.Redis:
+    from pipeline.adapters.redis_client import make_redis
+
+    return make_redis(s)
