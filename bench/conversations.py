@@ -69,7 +69,7 @@ def cascade(light: InferenceModel, heavy: InferenceModel, item: Item, escalate_b
     the message in its conversation as its workers do."""
     pred = predict_in_context(light, [item], BOOK)[0]
     fate = outcome(Tier.LIGHT, pred.confidence, escalate_below, small_talk=pred.small_talk,
-                   restated=conv.restated(item.context, pred.intent))
+                   restated=not pred.context_used and conv.restated(item.context, pred.intent))
     if fate.escalate:
         return predict_in_context(heavy, [item], BOOK)[0], "heavy"
     return pred, "light"
@@ -98,7 +98,7 @@ def run(light: InferenceModel, heavy: InferenceModel, convs: list[dict[str, Any]
             item = item_of(text, f["lang"], None, ctx)
             pred, tier = cascade(light, heavy, item, escalate_below)
             alone, _ = cascade(light, heavy, Item(text, f["lang"]), escalate_below)
-            opening, _ = conv.used_slots(ctx, f["lang"], pred.answer)
+            opening, _ = conv.used_slots(ctx, f["lang"], pred.answer, text)
             answer = opening + pred.answer
             for key, got in (("with", pred.intent), ("without", alone.intent)):
                 sc.all_turns.setdefault(key, Tally()).add(got == want)

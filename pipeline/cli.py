@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "handovers": "pipeline.ops.commands:cmd_handovers",
     "thresholds": "pipeline.ops.commands:cmd_thresholds",
     "vip": "pipeline.ops.commands:cmd_vip",
+    "conversation": "pipeline.ops.commands:cmd_conversation",
+    "forget": "pipeline.ops.commands:cmd_forget",
     "route": "pipeline.ops.commands:cmd_route",
     "fault": "pipeline.ops.commands:cmd_fault",
     "replay": "pipeline.ops.commands:cmd_replay",
@@ -118,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--lang", help="language hint, e.g. zh or en")
     sp.add_argument("--label", help="ground-truth intent, for evaluation")
     sp.add_argument("--id", help="request id (default: random)")
+    sp.add_argument("--conversation", help="conversation id (default: the user's messages with no gap over "
+                                           "TIERFLOW_CONVERSATION_IDLE_S are one conversation)")
     sp.add_argument("--wait", action="store_true", help="wait for the answer and print it")
     sp.add_argument("--timeout", type=float, default=60.0, help="with --wait: seconds to wait for the answer (60)")
     sp.add_argument("--ack-timeout", type=float, default=10.0,
@@ -152,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("vip", "Manage VIP users (their messages go to the heavy tier).")
     sp.add_argument("action", choices=["add", "remove", "list"])
     sp.add_argument("users", nargs="*")
+
+    sp = add("conversation", "Show a customer's conversation as tierflow keeps it: their last turns and answers.")
+    sp.add_argument("user")
+    sp.add_argument("--replay-job", help="a replay job's copy of the conversation instead of the live one")
+    sp.add_argument("--json", action="store_true", help="one JSON turn per line")
+
+    sp = add("forget", "Erase customers' conversations everywhere tierflow keeps them (live and every replay "
+                       "job's), refuse their messages in flight, and check that nothing is left.")
+    sp.add_argument("users", nargs="+")
 
     sp = add("route", "Explain the routing of a message: features, rule, tier (no Kafka).")
     sp.add_argument("text")

@@ -420,7 +420,7 @@ class Worker:
         ctx = d.get("context")
         lang = d["features"]["lang"]
         used = pred.context_used
-        restated = conv.restated(ctx, pred.intent)
+        restated = not used and conv.restated(ctx, pred.intent)  # its own reading, not one lent by the context
         wanted = d.get("handover") or conv.handover_due(ctx, pred.intent)
         oos = scope_score(pred.oos, esc.get("oos_score") if esc is not None else None)
         fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
@@ -437,7 +437,7 @@ class Worker:
             text, fallback, handed = self.book.holding(lang), None, wanted or HANDOVER_REASON
         else:
             text, fallback, handed = pred.answer, pred.fallback, None
-            opening, slots_used = conv.used_slots(ctx, lang, text)
+            opening, slots_used = conv.used_slots(ctx, lang, text, item.message)
             text, used = opening + text, used + slots_used
         if fresh_replays and rid in fresh_replays:
             # what makes a resumed replay idempotent, durable beside the answer (same batch, same transaction):
@@ -574,11 +574,11 @@ HANDOVER_REASON = "out_of_scope"  # the final stage's out-of-scope score was ove
 def predict_in_context(model: InferenceModel, items: list[Item], book: AnswerBook) -> list[Prediction]:
     """`model`'s predictions with each customer's conversation read in (pipeline/core/conversation.py `choose`).
 
-    A message with an open topic is also read with its conversation's earlier turns: one more row in the same
-    classifier call. A writer writes once per message, on the reading chosen: its classifier reads both first.
+    A message after others is also read with its conversation's earlier turns: one more row in the same classifier
+    call. A writer writes once per message, on the reading chosen: its classifier reads both first.
     """
     alts = {i: j for i, it in enumerate(items)
-            if it.context is not None and "topic" in it.context and (j := conv.joined_text(it.context, it.text))}
+            if it.context is not None and (j := conv.joined_text(it.context, it.text))}
     if not alts:
         return checked_predict(model, items)
     reader: InferenceModel | None = getattr(model, "classifier", None)  # the classifier under a writer

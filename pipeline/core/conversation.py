@@ -201,18 +201,22 @@ def closing(text: str) -> bool:
 
 def choose(ctx: Context | None, own: Guess, joined: Guess | None, text: str = "") -> Reading:
     """The reading of a message in its conversation. A message the classifier reads confidently stands on its
-    own (a new question mid-conversation); an unsure one ("do I lose any money then?") is read with the earlier
+    own (a new question mid-conversation) unless it reads as a follow-up ("order 58213", "and if ...?", whatever
+    the classifier makes of it alone); an unsure one ("do I lose any money then?") is read with the earlier
     turns, and when that reads as small talk or less surely still, it stays on the open topic. Small talk that
     thanks or says goodbye stays small talk; other small talk mid-topic ("sure, 48821", "do I get anything back?")
     is read with the conversation too."""
-    topic = ctx.get("topic") if ctx is not None else None
-    if ctx is None or joined is None or topic is None:
+    if ctx is None or joined is None:
         return Reading(own.intent, "own")
-    unsure = (own.small_talk and not closing(text)) or (not own.small_talk and own.confidence < FOLLOW_UP_BELOW)
+    unsure = (ctx["follow_up"] or (own.small_talk and not closing(text))
+              or (not own.small_talk and own.confidence < FOLLOW_UP_BELOW))
     if not unsure:
         return Reading(own.intent, "own")
     if joined.intent != SMALL_TALK and joined.confidence >= own.confidence:
         return Reading(joined.intent, "joined", ("previous_turn",))
+    topic = ctx.get("topic")  # absent while the turns before are still being answered (a replay's, a fast typist's)
+    if topic is None:
+        return Reading(own.intent, "own")
     return Reading(topic, "topic", ("previous_turn", "topic"))
 
 
@@ -229,11 +233,12 @@ def handover_due(ctx: Context | None, intent: str) -> str | None:
     return None
 
 
-def used_slots(ctx: Context | None, lang: str, answer: str) -> tuple[str, tuple[str, ...]]:
+def used_slots(ctx: Context | None, lang: str, answer: str, message: str = "") -> tuple[str, tuple[str, ...]]:
     """The opening that names the order the conversation is about, when the answer does not already, and the
-    slots used (the order named in an earlier turn: "order 58213", then "can I still cancel it?")."""
+    slots used: the order named in an earlier turn ("order 58213", then "can I still cancel it?"); one the
+    message names itself is the message's, not the conversation's."""
     order = ctx["slots"].get("order_id") if ctx is not None else None
-    if not order:
+    if not order or order in message:
         return "", ()
     if order in answer:
         return "", ("slot:order_id",)

@@ -222,6 +222,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         req["lang"] = args.lang
     if args.label:
         req["label"] = args.label
+    if args.conversation:
+        req["conversation_id"] = args.conversation
     if args.image:
         path = Path(args.image)
         if not path.is_file():
@@ -368,6 +370,42 @@ def cmd_vip(args: argparse.Namespace) -> int:
     for u in sorted(store.vips()):
         print(u)
     return 0
+
+
+def _conversations(s: Settings) -> Any:
+    from pipeline.adapters.conversations import Conversations
+    from pipeline.contracts.keys import Keys
+
+    return Conversations(_redis(s), Keys(s.redis.prefix), s.conversation, "cli")
+
+
+def cmd_conversation(args: argparse.Namespace) -> int:
+    s = settings_of(args)
+    turns = _conversations(s).turns(args.user, args.replay_job)
+    for t in turns:
+        if args.json:
+            print(json.dumps(t, ensure_ascii=False))
+        else:
+            when = time.strftime("%H:%M:%S", time.localtime(t["at"] / 1000))
+            print(f"{when} {t['id']!s:<20} {t.get('intent', '(being answered)')!s:<26} {t['text']}")
+            if t.get("answer"):
+                print(f"{'':>30}-> {t.get('tier')}: {t['answer']}")
+    if not turns and not args.json:
+        print(f"no conversation kept for {args.user}", file=sys.stderr)
+    return 0
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    s = settings_of(args)
+    store = _conversations(s)
+    left = []
+    for user in args.users:
+        n = store.forget(user)
+        held = store.held(user)
+        left += held
+        print(f"forgot {user}: {n} key{'s' if n != 1 else ''} deleted; "
+              + (f"STILL HELD: {', '.join(held)}" if held else "nothing of theirs is left in the store"))
+    return 1 if left else 0
 
 
 def cmd_route(args: argparse.Namespace) -> int:

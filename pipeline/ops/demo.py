@@ -19,7 +19,7 @@ from pipeline.adapters.tails import AnswerReader
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.topics import Tier
 from pipeline.ops.devstack import Stack, free_port, port_open, running_stack
-from pipeline.ops.samples import VIP_USER, requests
+from pipeline.ops.samples import CONVERSATIONS, VIP_USER, requests
 from pipeline.settings import Settings
 from workers.models.registry import prepared_writer
 
@@ -67,14 +67,55 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
             wait_ready(stack, r, s.redis.prefix, timeout_s, console)
             console.print(f"pipeline ready in {time.monotonic() - started:.1f}s; sending {len(requests())} messages")
             answers = _send_and_collect(s, reader, timeout_s, console)
+            talks = _converse(s, reader, timeout_s, console)
         finally:
             reader.close()
     _print(console, answers, writer)
+    _print_conversations(console, talks, writer)
     missing = [q["id"] for q in requests() if q["id"] not in answers]
+    missing += [rid for _, turns in talks for rid, _, a in turns if a is None]
     if missing:
         console.print(f"[red]no answer for {', '.join(missing)}[/red]")
         return 1
     return 0
+
+
+Talk = list[tuple[str, list[tuple[str, str, Any]]]]  # per customer: (id, text, answer) per turn
+
+
+def _converse(s: Settings, reader: AnswerReader, timeout_s: float, console: Console) -> Talk:
+    """The sample conversations, each turn sent once the one before it is answered."""
+    producer = make_producer(s)
+    topic = topics_of(s).requests
+    out: Talk = []
+    with console.status("conversations ...") as status:
+        for user, texts in CONVERSATIONS:
+            turns: list[tuple[str, str, Any]] = []
+            for i, text in enumerate(texts, 1):
+                rid = f"demo-{user}-t{i}"
+                producer.produce(topic, orjson.dumps({"id": rid, "user_id": user, "text": text,
+                                                      "ts": int(time.time() * 1000)}), key=user)
+                producer.flush(10)
+                status.update(f"conversation {user}: turn {i}")
+                got = None
+                deadline = time.monotonic() + timeout_s
+                while got is None and time.monotonic() < deadline:
+                    got = next((a for a in reader.poll(0.2) if a["request_id"] == rid), None)
+                turns.append((rid, text, got))
+            out.append((user, turns))
+    return out
+
+
+def _print_conversations(console: Console, talks: Talk, writer: str | None) -> None:
+    for user, turns in talks:
+        console.print(f"[bold]conversation {user}[/bold] (each turn sent once the one before was answered):")
+        for _, text, a in turns:
+            if a is None:
+                console.print(f"  {text}  [red]no answer[/red]", highlight=False)
+                continue
+            used = ", ".join(a.get("context_used") or []) or "nothing"
+            console.print(f"  turn {a.get('turn', '?')}: {text}\n    -> {a['tier']}, {a['intent']} (the conversation "
+                          f"used: {used}{_how(a, writer)}): {_short(a['answer'], 240)}", highlight=False)
 
 
 def _send_and_collect(s: Settings, reader: AnswerReader, timeout_s: float, console: Console) -> dict[str, Any]:

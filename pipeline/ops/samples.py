@@ -72,6 +72,14 @@ def render_png(text: str, size: tuple[int, int] = (480, 160)) -> bytes:
     return buf.getvalue()
 
 
+# Conversations: the second message means something only after the first (a follow-up, an order number alone).
+# Each second turn is sent once the first is answered, as a customer would.
+CONVERSATIONS: list[tuple[str, list[str]]] = [
+    ("u-2001", ["I want to cancel order 58213", "do I lose any money then?"]),
+    ("u-2002", ["我的耳机坏了，能修吗", "订单号是72073"]),
+]
+
+
 def requests() -> list[dict[str, Any]]:
     """The samples as request.v1 objects (images rendered and base64-encoded; `case` kept in `meta`)."""
     images = {"CRACKED_SCREEN": render_cracked_screen, "ORDER_PAGE": lambda: render_png("Order No. 58213",

@@ -89,6 +89,8 @@ def test_ingest_steers_only_unhappy_light_bound_messages() -> None:
     (conv.Guess("chitchat", 0.9, True), conv.Guess("cancel_order", 0.9), "thanks, bye",
      ("chitchat", "own")),  # thanks close the topic
     (conv.Guess("get_refund", 0.5), conv.Guess("track_order", 0.3), "how long?", ("cancel_order", "topic")),
+    (conv.Guess("track_order", 0.99), conv.Guess("get_refund", 0.7), "order 58213",
+     ("cancel_order", "topic")),  # a slot-only reply is a follow-up however sure the classifier is of it alone
 ])
 def test_a_stage_reads_an_unsure_message_with_its_conversation(own: conv.Guess, joined: conv.Guess, text: str,
                                                                want: tuple[str, str]) -> None:
@@ -117,6 +119,7 @@ def test_the_answer_names_the_order_of_the_conversation_once() -> None:
     assert conv.used_slots(ctx, "zh", "发货前免费。") == ("订单 58213：", ("slot:order_id",))
     assert conv.used_slots(ctx, "en", "Order 58213: free.") == ("", ("slot:order_id",))
     assert conv.used_slots(None, "en", "x") == ("", ())
+    assert conv.used_slots(ctx, "en", "Order 58213: free.", "cancel 58213") == ("", ())  # the message's own
 
 
 @given(st.text(max_size=3000), st.lists(st.text(max_size=400), max_size=30))
