@@ -215,7 +215,7 @@ def body_of(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], 
         "cues, the routing rules, the routed envelope around the request's own bytes) and produce each request to "
         "its tier topic; the streaming runtime around that work is what differs:\n\n"
         "- tierflow: `pipeline.agents.ingest.Ingest`, one confluent-kafka loop: consume a batch, route, produce, "
-        "flush, commit;\n"
+        "flush, commit (its conversation step off: the peers route each message alone);\n"
         "- Quix Streams: an `Application` with its defaults (`auto_offset_reset=\"earliest\"`), "
         "`sdf.apply(route, metadata=True)`, `sdf.to_topic(select_topic, key=...)` (dynamic topic selection), "
         "`app.run(count=N)`;\n"

@@ -19,7 +19,11 @@ from pipeline.settings import Settings
 
 
 def run(spec: Spec) -> dict[str, Any]:
-    agent = Ingest(Settings(), health_checks=False)
+    s = Settings()
+    # The peers route each message alone: tierflow's conversation step (a Redis read per batch of customers'
+    # messages, pipeline/core/conversation.py) is off so that all three do the same work and route alike.
+    s = s.model_copy(update={"conversation": s.conversation.model_copy(update={"enabled": False})})
+    agent = Ingest(s, health_checks=False)
     agent.cache.start()
     agent.consumer.subscribe([agent.topics.requests])
     meter = Meter()

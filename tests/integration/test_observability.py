@@ -72,7 +72,9 @@ def requests(n: int, tag: str) -> list[dict[str, object]]:
     """Short (light) and long (heavy) texts, English and Chinese, every 50th with a small PNG."""
     out: list[dict[str, object]] = []
     for i in range(n):
-        req: dict[str, object] = {"id": f"{tag}-{i}", "user_id": f"u{i % 31}",
+        # One customer per request: a customer's repeated message would be read in its conversation (a restated
+        # question escalates, tests/integration/test_conversations.py), and these tests count one answer per route.
+        req: dict[str, object] = {"id": f"{tag}-{i}", "user_id": f"u{tag}-{i}",
                                   "text": LONG[i % len(LONG)] if i % 3 == 0 else SHORT[i % len(SHORT)]}
         if i % 50 == 25:
             req["image"] = {"data": PNG, "mime": "image/png"}
