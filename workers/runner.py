@@ -56,7 +56,7 @@ from pipeline.contracts.records import (
 )
 from pipeline.contracts.topics import Tier
 from pipeline.core import conversation as conv
-from pipeline.core.cascade import NEVER, outcome, scope_score
+from pipeline.core.cascade import NEVER, Outcome, outcome, scope_score
 from pipeline.errors import InvalidMessage
 from pipeline.settings import Settings
 from workers.batching import collect_batch
@@ -330,7 +330,10 @@ class Worker:
         inferred = _now_ms()
         self._observed = []
         self._abstained = self._handed_over = 0
-        fresh = self._first_replay_answers([d for _, d, _ in routed])
+        # A replayed id is claimed by the stage that answers it: light's claim would leave heavy, answering an
+        # escalation, nothing to answer (the outcome does not depend on the claim, only whether it is answered).
+        fresh = self._first_replay_answers([d for (_, d, _), p in zip(routed, preds, strict=True)
+                                            if p is not None and d["replay"] and self._judge(d, p, None)[0].final])
         for (msg, d, item), pred in zip(routed, preds, strict=True):
             if pred is None:
                 continue
@@ -407,6 +410,21 @@ class Worker:
 
         model.on_draft = publish
 
+    def _judge(self, d: Routed, pred: Prediction, fresh: bool | None) -> tuple[Outcome, bool, str | None, float]:
+        """A record's outcome at this stage (pipeline/core/cascade.py), with what it was decided from: whether the
+        customer restated the open topic, the hand-over reason their conversation gives, the out-of-scope score."""
+        esc = d.get("escalated_from")
+        ctx = d.get("context")
+        restated = not pred.context_used and conv.restated(ctx, pred.intent)  # its own reading, not the context's
+        wanted = d.get("handover") or conv.handover_due(ctx, pred.intent)
+        oos = scope_score(pred.oos, esc.get("oos_score") if esc is not None else None)
+        fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=d["shadow"], replay=d["replay"],
+                       force=d.get("replay_force", False), degraded=d["degraded"], escalated=esc is not None,
+                       fresh=fresh, oos_score=oos, abstain_above=d.get("abstain_above", NEVER),
+                       handover_above=d.get("handover_above", NEVER), small_talk=pred.small_talk,
+                       restated=restated, handover_wanted=wanted is not None)
+        return fate, restated, wanted, oos
+
     def _emit(self, out: Producer, msg: Message, d: Routed, item: Item, pred: Prediction, infer_ms: float, batch: int,
               dequeued: int, inferred: int, fresh_replays: set[str] | None = None) -> None:
         """One record's outputs to `out` (the producer of the batch's lane): its result (always), then its answer
@@ -415,20 +433,11 @@ class Worker:
         `d` is a routed record as a plain dict (schemas/routed.v1.json, absent optionals omitted).
         """
         rid, key = d["request"]["id"], msg.key()
-        replay, shadow = d["replay"], d["shadow"]
-        esc = d.get("escalated_from")
+        replay = d["replay"]
         ctx = d.get("context")
         lang = d["features"]["lang"]
         used = pred.context_used
-        restated = not used and conv.restated(ctx, pred.intent)  # its own reading, not one lent by the context
-        wanted = d.get("handover") or conv.handover_due(ctx, pred.intent)
-        oos = scope_score(pred.oos, esc.get("oos_score") if esc is not None else None)
-        fate = outcome(self.tier, pred.confidence, d["escalate_below"], shadow=shadow, replay=replay,
-                       force=d.get("replay_force", False), degraded=d["degraded"],
-                       escalated=esc is not None,
-                       fresh=None if fresh_replays is None else rid in fresh_replays, oos_score=oos,
-                       abstain_above=d.get("abstain_above", NEVER), handover_above=d.get("handover_above", NEVER),
-                       small_talk=pred.small_talk, restated=restated, handover_wanted=wanted is not None)
+        fate, restated, wanted, oos = self._judge(d, pred, None if fresh_replays is None else rid in fresh_replays)
         escalate = fate.escalate
         produced = _now_ms()
         if escalate:

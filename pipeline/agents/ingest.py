@@ -388,8 +388,10 @@ class Ingest:
         pin = h.get("x-pin-thresholds")
         if pin:
             th = self._pinned_thresholds(int(pin)) or th
+        sent = h.get("x-sent-ms", "")
         self._route_one(msg, th, health, now_ms, routed, replay_job=h.get("x-replay-job", "replay"),
-                        shadow=h.get("x-shadow") == "1", force=h.get("x-force") == "1")
+                        shadow=h.get("x-shadow") == "1", force=h.get("x-force") == "1",
+                        sent_ms=int(sent) if sent.isdigit() else None)
 
     def _pinned_thresholds(self, version: int) -> Thresholds | None:
         if version not in self._pinned:
@@ -402,7 +404,7 @@ class Ingest:
 
     def _route_one(self, msg: Message, th: Thresholds, health: TierHealth, now_ms: int,
                    routed: Counter[Route], replay_job: str | None = None, shadow: bool = False,
-                   force: bool = False) -> None:
+                   force: bool = False, sent_ms: int | None = None) -> None:
         """Any request: images, full validation with a DLQ reason, shadow sampling, backfill."""
         raw = msg.value()
         image_bytes = 0
@@ -420,10 +422,13 @@ class Ingest:
         r = route(feats, th.length_threshold, health)
         ts_type, ts = msg.timestamp()
         received = ts if ts_type != 0 and ts > 0 else (req.ts or now_ms)
+        said_at = received
         if replay_job is not None:
             received = now_ms  # a backfill's latency starts when it is replayed, not when first sent
+            # its conversations as they were: a turn sits where it was first sent, so idle gaps still split them
+            said_at = sent_ms or req.ts or now_ms
         key = msg.key() or (req.user_id or req.id).encode()
-        ctx = self._context(req.user_id, req.id, received, req.text or "", feats, req.conversation_id, replay_job)
+        ctx = self._context(req.user_id, req.id, said_at, req.text or "", feats, req.conversation_id, replay_job)
         steer = conv.steer(r, ctx, feats["complaint"], health)
         r = steer.route
         fields = routed_fields(feats, r.tier, r.reason, r.degraded, th.version, th.escalate_below, received, now_ms,

@@ -162,7 +162,8 @@ class Source:
     name: str
     total: int | None = None
 
-    def records(self, position: Any) -> Iterator[tuple[Any, bytes]]:
+    def records(self, position: Any) -> Iterator[tuple[Any, bytes, int | None]]:
+        """(position after the record, its bytes, when it was first sent in ms, None where unknown)."""
         raise NotImplementedError
 
 
@@ -177,8 +178,9 @@ class FileSource(Source):
             with self.path.open("rb") as f:
                 self.total = sum(1 for line in f if line.strip())
 
-    def records(self, position: Any) -> Iterator[tuple[Any, bytes]]:
-        """(next line index, record bytes) from JSONL, or Parquet rows as JSON (needs pyarrow)."""
+    def records(self, position: Any) -> Iterator[tuple[Any, bytes, int | None]]:
+        """(next line index, record bytes, None) from JSONL, or Parquet rows as JSON (needs pyarrow); a row's
+        own `ts` says when it was sent."""
         start = int(position or 0)
         if self.path.suffix == ".parquet":
             try:
@@ -189,7 +191,7 @@ class FileSource(Source):
             self.total = len(rows)
             for i, row in enumerate(rows):
                 if i >= start:
-                    yield i + 1, orjson.dumps({k: v for k, v in row.items() if v is not None})
+                    yield i + 1, orjson.dumps({k: v for k, v in row.items() if v is not None}), None
             return
         i = 0
         with self.path.open("rb") as f:
@@ -198,7 +200,7 @@ class FileSource(Source):
                 if not line:
                     continue
                 if i >= start:
-                    yield i + 1, line
+                    yield i + 1, line, None
                 i += 1
 
 
@@ -246,7 +248,7 @@ class TopicSource(Source):
         finally:
             reader.close()
 
-    def records(self, position: Any) -> Iterator[tuple[Any, bytes]]:
+    def records(self, position: Any) -> Iterator[tuple[Any, bytes, int | None]]:
         """(per-partition next offsets, record bytes) for every record in range, partition by partition.
 
         A partition's range ends at its end offset, or with `end_ts` at its first record after that time
@@ -296,7 +298,8 @@ class TopicSource(Source):
                     pos[str(p)] = off + 1
                     if stop is not None and off + 1 >= stop:
                         close(p)
-                    yield dict(pos), m.value() or b""
+                    ts_type, ts = m.timestamp()
+                    yield dict(pos), m.value() or b"", ts if ts_type != 0 and ts > 0 else None
         finally:
             c.close()
 
@@ -370,14 +373,14 @@ class Replayer:
                               min_rate=self.s.replay.min_rate, horizon_s=RECENT_S)
             log.info("replay %s: live p95 baseline %s ms", job, {t: round(v) for t, v in guard.baseline.items()})
         pacer = Pacer(guard.rate() if guard is not None else rate)
-        chunk: list[tuple[Any, bytes]] = []
+        chunk: list[tuple[Any, bytes, int | None]] = []
         bar = _Progress(progress, source)
         done_all = True
-        for pos, raw in source.records(position):
+        for pos, raw, sent_ms in source.records(position):
             if limit is not None and summary.sent + summary.skipped + summary.invalid >= limit:
                 done_all = False
                 break
-            chunk.append((pos, raw))
+            chunk.append((pos, raw, sent_ms))
             if len(chunk) >= pacer.chunk_size():
                 self._send_chunk(chunk, headers, summary, force or shadow, job)
                 bar.advance(len(chunk), summary)
@@ -395,22 +398,24 @@ class Replayer:
         summary.took_s = time.monotonic() - t0
         return summary
 
-    def _send_chunk(self, chunk: list[tuple[Any, bytes]], headers: Headers, summary: ReplaySummary,
+    def _send_chunk(self, chunk: list[tuple[Any, bytes, int | None]], headers: Headers, summary: ReplaySummary,
                     force: bool, job: str) -> None:
-        parsed: list[tuple[Any, bytes, Any]] = []
-        for pos, raw in chunk:
+        parsed: list[tuple[Any, bytes, Any, int | None]] = []
+        for pos, raw, sent_ms in chunk:
             try:
-                parsed.append((pos, raw, decode_request(raw, self.s.max_message_bytes)))
+                parsed.append((pos, raw, decode_request(raw, self.s.max_message_bytes), sent_ms))
             except InvalidMessage as e:
                 self._dead(raw, e, self.source_name, pos)
                 summary.invalid += 1
-        answered = self._answered([req.id for _, _, req in parsed]) if not force else set()
-        for pos, raw, req in parsed:
+        answered = self._answered([req.id for _, _, req, _ in parsed]) if not force else set()
+        for pos, raw, req, sent_ms in parsed:
             if req.id in answered:
                 summary.skipped += 1
                 continue
+            # When it was first sent: ingest places it in its customer's conversation as of then (idle gaps kept).
+            hs = headers if sent_ms is None else [*headers, ("x-sent-ms", str(sent_ms).encode())]
             try:
-                produce(self.producer, self.topics.replay, raw, key=(req.user_id or req.id), headers=headers)
+                produce(self.producer, self.topics.replay, raw, key=(req.user_id or req.id), headers=hs)
             except InvalidMessage as e:  # fits its source, not with the replay headers: dead-letter, go on
                 self._dead(raw, e, self.source_name, pos)
                 summary.invalid += 1

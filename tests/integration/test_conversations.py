@@ -7,8 +7,12 @@ order and no one else's, says which turn it is and what of the conversation it u
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -108,6 +112,56 @@ def test_interleaved_customers_keep_their_own_conversations_and_forget_erases_th
                 keys=["cust-0"])
     again = answers.wait({"c0-t4"})["c0-t4"]
     assert again["turn"] == 1 and order_of(0) not in again["answer"], again
+
+
+def test_a_replay_keeps_each_customers_conversation_apart_from_the_live_one(
+    settings_factory: Callable[..., Settings], running: Running, packaged_models: dict[Tier, InferenceModel],
+    tmp_path: Path,
+) -> None:
+    """A backfill of a time range replays each customer's turns in order, in a conversation of its own job (the
+    live one is left as it was); a file's turns sit at their own `ts`, so an idle gap still starts a new one."""
+    s = settings_factory()
+    start_pipeline(s, running, packaged_models)
+    answers = Answers(s)
+    start_ms = int(time.time() * 1000) - 1
+    answers.wait(send_turn(s, 1, FIRST))
+    answers.wait(send_turn(s, 2, SECOND))
+    end_ms = int(time.time() * 1000) + 1
+    env = {**os.environ, **s.with_env()}
+    cli = [sys.executable, "-m", "pipeline.cli", "replay", "--max-live-slowdown", "0"]
+    out = subprocess.run([*cli, "--topic", topics_of(s).requests, "--from", str(start_ms), "--to", str(end_ms)],
+                         env=env, check=True, capture_output=True, text=True, timeout=300)
+    ids = {f"c{i}-t{t}" for i in range(CUSTOMERS) for t in (1, 2)}
+    deadline = time.monotonic() + 180
+    replayed: dict[str, dict[str, Any]] = {}
+    while not ids <= replayed.keys() and time.monotonic() < deadline:
+        for m in answers.c.consume(500, 0.5):
+            if m.error() is None and m.value() and (a := orjson.loads(m.value() or b"{}"))["replay"]:
+                replayed[a["request_id"]] = a
+    # (the Chinese second turns escalate to heavy: the stage that answers a replayed id is the one to claim it)
+    assert ids <= replayed.keys(), (sorted(ids - replayed.keys()), out.stdout, out.stderr[-2000:])
+    store = Conversations(_redis(s), Keys(s.redis.prefix), s.conversation, "test")
+    for i in range(CUSTOMERS):
+        a1, a2 = replayed[f"c{i}-t1"], replayed[f"c{i}-t2"]
+        assert (a1["turn"], a2["turn"]) == (1, 2), (a1, a2)
+        assert a1["conversation_id"] == a2["conversation_id"] == answers.by_id[f"c{i}-t1"]["conversation_id"]
+        assert order_of(i) in a2["answer"] and "slot:order_id" in a2["context_used"], a2
+        # the live conversation holds the live turns only; the replay's is a copy of its own
+        assert [t["id"] for t in store.turns(f"cust-{i}")] == [f"c{i}-t1", f"c{i}-t2"]
+        assert any(":replay:" in k for k in store.held(f"cust-{i}")), store.held(f"cust-{i}")
+
+    # A file: one customer's turns a minute apart (one conversation), another's two hours apart (two).
+    t0 = int(time.time() * 1000) - 3 * 3600_000
+    rows = [{"id": "near-1", "user_id": "near", "ts": t0, "text": FIRST["en"].format(order="731205")},
+            {"id": "near-2", "user_id": "near", "ts": t0 + 60_000, "text": SECOND["en"]},
+            {"id": "far-1", "user_id": "far", "ts": t0, "text": FIRST["en"].format(order="731206")},
+            {"id": "far-2", "user_id": "far", "ts": t0 + 7200_000, "text": SECOND["en"]}]
+    path = tmp_path / "backfill.jsonl"
+    path.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows))
+    subprocess.run([*cli, "--file", str(path)], env=env, check=True, capture_output=True, timeout=300)
+    got = answers.wait({r["id"] for r in rows})
+    assert (got["near-1"]["turn"], got["near-2"]["turn"]) == (1, 2) and "731205" in got["near-2"]["answer"]
+    assert (got["far-1"]["turn"], got["far-2"]["turn"]) == (1, 1) and "731206" not in got["far-2"]["answer"]
 
 
 def _redis(s: Settings) -> redis.Redis:
