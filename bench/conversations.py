@@ -58,6 +58,17 @@ class Scores:
     all_turns: dict[str, Tally] = field(default_factory=dict)
     carried: Tally = field(default_factory=Tally)  # an earlier order named in the answer
     misses: list[str] = field(default_factory=list)
+    later: list[Later] = field(default_factory=list)  # turns after one that named an order: for the writer
+
+
+@dataclass(frozen=True)
+class Later:
+    """A turn that asks about an order an earlier turn named (the writer's test: does its answer use the slot)."""
+
+    conversation: str
+    said: list[str]  # the turns before it, as the customer wrote them
+    item: Item
+    order: str
 
 
 def load(path: Path = SET) -> list[dict[str, Any]]:
@@ -109,11 +120,68 @@ def run(light: InferenceModel, heavy: InferenceModel, convs: list[dict[str, Any]
                                  f"{alone.intent}; {', '.join(pred.context_used) or 'own reading'})")
             if ordered and "order_id" not in t["slots"]:
                 sc.carried.add(ordered in answer)
+                if want != "chitchat" and not any(x.conversation == c["id"] for x in sc.later):
+                    sc.later.append(Later(c["id"], [x["text"] for x in c["turns"][:i]], item, ordered))
             ordered = t["slots"].get("order_id", ordered)
             turn.update(conv.outcome(pred.intent, Tier(tier), answer,  # type: ignore[typeddict-item]
                                      conv.restated(ctx, pred.intent) or ctx["unresolved_marker"]))
             turns.append(turn)
     return by_lang
+
+
+@dataclass
+class Written:
+    """The heavy tier's writer on later turns: how many replies it wrote (not the template) and how many of those
+    name the order from an earlier turn in its own words (the slot it was given), with examples."""
+
+    asked: int = 0
+    written: int = 0
+    named: int = 0
+    seconds: list[float] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
+    fallbacks: Counter[str] = field(default_factory=Counter)  # why a reply was sent as the template
+
+
+def write_later(writer: InferenceModel, scores: dict[str, Scores], n: int) -> Written:
+    """The writer's reply to `n` later turns, half per language (each alone: one reply at a time, as a customer
+    waits for it)."""
+    w = Written()
+    langs = sorted(scores)
+    picks = [x for k in range(n) if k // len(langs) < len(scores[langs[k % len(langs)]].later)
+             for x in [scores[langs[k % len(langs)]].later[k // len(langs)]]]
+    for x in picks:
+        t0 = time.perf_counter()
+        pred = predict_in_context(writer, [x.item], BOOK)[0]
+        w.seconds.append(time.perf_counter() - t0)
+        w.asked += 1
+        if pred.fallback is not None:
+            w.fallbacks[pred.fallback] += 1
+            continue
+        w.written += 1
+        w.named += x.order in pred.answer
+        if x.order in pred.answer and len(w.examples) < 5:
+            turns = "\n".join(f"    > {t}" for t in [*x.said, x.item.message])
+            w.examples.append(f"- {x.conversation} ({x.item.lang}), the customer:\n{turns}\n\n"
+                              f"  the heavy tier wrote ({pred.intent}, {w.seconds[-1]:.1f} s):\n\n"
+                              f"    {pred.answer.strip()}")
+    return w
+
+
+def report_written(w: Written, writer: str) -> list[str]:
+    if not w.asked:
+        return []
+    secs = sorted(w.seconds)
+    return [
+        "",
+        f"Written heavy answers that use the conversation's slots ({writer}, one reply at a time, "
+        f"p50 {secs[len(secs) // 2]:.1f} s a reply): of {w.asked} later turns about an order named in an earlier "
+        f"turn, {w.written} written ({w.asked - w.written} sent as the template, the writer's check said why: "
+        f"{', '.join(f'{k} {v}' for k, v in w.fallbacks.most_common()) or 'none'}), **{w.named} of them "
+        "name the order in the writer's own words** (the prompt carries the last turns and the slots; the worker's "
+        "\"Order N:\" opening is not counted). Examples:",
+        "",
+        *w.examples,
+    ]
 
 
 def report(scores: dict[str, Scores], convs: list[dict[str, Any]], seconds: float) -> str:
@@ -144,6 +212,8 @@ def report(scores: dict[str, Scores], convs: list[dict[str, Any]], seconds: floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help=f"write the section '{TITLE}' of BENCHMARKS.md")
+    ap.add_argument("--written", type=int, default=12, help="later turns the heavy tier's writer answers (half per "
+                    "language; 0: none). Each takes seconds on a CPU")
     args = ap.parse_args()
     from workers.models.registry import tier_model
 
@@ -155,6 +225,12 @@ def main() -> None:
     t0 = time.perf_counter()
     scores = run(light, heavy, convs, Thresholds().escalate_below, s.conversation.idle_ms)
     body = report(scores, convs, time.perf_counter() - t0)
+    if args.written:
+        # The packaged writer, given the time a reply takes on this machine (a reply out of time is the template).
+        ws = s.updated(heavy_generator="auto", generator_timeout_s=120.0)
+        writer = tier_model(ws, Tier.HEAVY)
+        writer.setup("cpu")
+        body += "\n" + "\n".join(report_written(write_later(writer, scores, args.written), writer.name))
     print(body)
     if args.write:
         write_section(TITLE, body)
