@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from bench.common import command, machine, write_section
 from pipeline.contracts.records import Turn
@@ -184,6 +188,100 @@ def report_written(w: Written, writer: str) -> list[str]:
     ]
 
 
+# --------------------------------------------------------------------------- what conversations cost
+@dataclass
+class Cost:
+    """One steady run of `tierflow up` with customers' ids: the light path's own timings, and the state kept."""
+
+    enabled: bool
+    answered: int = 0
+    light_total_ms: list[float] = field(default_factory=list)  # light answers not escalated: `timings_ms.total`
+    light_ingest_ms: list[float] = field(default_factory=list)
+    heavy_share: float = 0.0
+    customers: int = 0
+    bytes_each: list[int] = field(default_factory=list)  # per customer held, as stored (the turns' JSON)
+
+
+def cost_run(enabled: bool, rate: float, seconds: float, customers: int) -> Cost:
+    """A fresh `tierflow up` (writer off, as bench.article_service), `rate` msg/s for `seconds`: the shop pack's
+    bilingual messages from `customers` customers in turn (each writes every customers/rate seconds)."""
+    from bench.article_service import shop_messages
+    from bench.common import run_dir, run_ids
+    from bench.pipeline import send
+    from pipeline.adapters.conversations import Conversations, messages_bytes
+    from pipeline.adapters.kafka import make_consumer, topics_of
+    from pipeline.adapters.redis_client import make_redis
+    from pipeline.contracts.keys import Keys
+    from pipeline.ops.devstack import free_port, running_stack, wait_agents_ready
+
+    texts = [c.text for c in shop_messages()]
+    n = int(rate * seconds)
+    users = [f"cust-{i}" for i in range(customers)]
+    base = Settings().updated(kafka_port=free_port(), redis_port=free_port(), heavy_generator="none",
+                              conversation_enabled=enabled)
+    with run_dir("conversations") as data, running_stack(base.updated(data_dir=data)) as stack:
+        if wait_agents_ready(stack) is None:
+            raise SystemExit(f"tierflow up did not become ready; logs in {stack.log_dir}")
+        time.sleep(2)
+        s = stack.settings
+        ids = run_ids(n)
+        answers = make_consumer(s, f"bench-{uuid.uuid4().hex[:6]}")  # from the start: a fresh stack's topic
+        answers.subscribe([topics_of(s).answers])
+        send(s, topics_of(s).requests, ids, rate, texts=texts, users=users)
+        got: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + 120
+        while len(got) < n and time.monotonic() < deadline:
+            for m in answers.consume(1000, 0.5):
+                if m.error() is None and m.value():
+                    a = orjson.loads(m.value() or b"{}")
+                    got[a["request_id"]] = a
+        answers.close()
+        out = Cost(enabled, answered=len(got))
+        for a in got.values():
+            t = a["timings_ms"]
+            if a["tier"] == "light" and not a["escalated"]:
+                out.light_total_ms.append(float(t["total"]))
+                out.light_ingest_ms.append(float(t["ingest"]))
+        out.heavy_share = sum(a["tier"] == "heavy" for a in got.values()) / max(1, out.answered)
+        if enabled:
+            r, keys = make_redis(s), Keys(s.redis.prefix)
+            store = Conversations(r, keys, s.conversation, "bench")
+            held = [store.turns(u) for u in users]
+            out.customers = sum(1 for h in held if h)
+            out.bytes_each = [messages_bytes(h) for h in held if h]
+    return out
+
+
+def report_cost(runs: list[Cost], rate: float, seconds: float, customers: int, max_turns: int) -> list[str]:
+    def p50(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else float("nan")
+
+    rows = ["| conversations | answered | light answers | light p50 total ms | light p50 ingest ms | heavy share |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for c in runs:
+        rows.append(f"| {'on' if c.enabled else 'off'} | {c.answered} | {len(c.light_total_ms)} | "
+                    f"{p50(c.light_total_ms):.1f} | {p50(c.light_ingest_ms):.1f} | {c.heavy_share:.1%} |")
+    on = [x for c in runs if c.enabled for x in c.light_total_ms]
+    off = [x for c in runs if not c.enabled for x in c.light_total_ms]
+    sizes = [b for c in runs for b in c.bytes_each]
+    held = max((c.customers for c in runs if c.enabled), default=0)
+    return [
+        "",
+        f"What conversations cost (`tierflow up`, writer off; {rate:g} msg/s for {seconds:g} s a run from "
+        f"{customers} customers in turn, so each writes every {customers / rate:g} s; runs alternate off/on, each on "
+        "a fresh stack): the light path's own `timings_ms.total` (received to answered) of answers light gave "
+        "without escalating.",
+        "",
+        *rows,
+        "",
+        f"Light path p50 with conversations {p50(on):.1f} ms against {p50(off):.1f} ms without: "
+        f"**{p50(on) - p50(off):+.1f} ms** (target <= +1 ms). State per customer held ({held} customers at the end, "
+        f"at most {max_turns} turns each, expiring after the idle timeout): mean "
+        f"{statistics.mean(sizes) if sizes else 0:,.0f} bytes, max {max(sizes, default=0):,} bytes of turns as "
+        "stored.",
+    ]
+
+
 def report(scores: dict[str, Scores], convs: list[dict[str, Any]], seconds: float) -> str:
     n_turns = sum(len(c["turns"]) for c in convs)
     langs = Counter(c["lang"] for c in convs)
@@ -214,6 +312,11 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help=f"write the section '{TITLE}' of BENCHMARKS.md")
     ap.add_argument("--written", type=int, default=12, help="later turns the heavy tier's writer answers (half per "
                     "language; 0: none). Each takes seconds on a CPU")
+    ap.add_argument("--cost", type=int, default=2, help="rounds of the cost runs (a `tierflow up` with "
+                    "conversations off, then on, per round; 0: none)")
+    ap.add_argument("--rate", type=float, default=50.0, help="offered load of the cost runs (msg/s)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of a cost run")
+    ap.add_argument("--customers", type=int, default=200, help="customers writing in the cost runs")
     args = ap.parse_args()
     from workers.models.registry import tier_model
 
@@ -231,6 +334,9 @@ def main() -> None:
         writer = tier_model(ws, Tier.HEAVY)
         writer.setup("cpu")
         body += "\n" + "\n".join(report_written(write_later(writer, scores, args.written), writer.name))
+    if args.cost:
+        runs = [cost_run(on, args.rate, args.seconds, args.customers) for _ in range(args.cost) for on in (False, True)]
+        body += "\n" + "\n".join(report_cost(runs, args.rate, args.seconds, args.customers, s.conversation.max_turns))
     print(body)
     if args.write:
         write_section(TITLE, body)

@@ -57,8 +57,9 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def send(s: Settings, topic: str, ids: list[str], rate: float | None, with_id_key: bool = True,
-         texts: Sequence[str] = SHOP_TEXTS) -> dict[str, float]:
+         texts: Sequence[str] = SHOP_TEXTS, users: Sequence[str] | None = None) -> dict[str, float]:
     """Send one request per id, `texts` in turn (at `rate` msg/s, or flat out); return the send time per id (epoch s).
+    `users`: each request's customer (its `user_id` and key), in turn.
 
     At a rate each request leaves at once (linger 0), as a client calling a service would send it."""
     p = make_producer(s, **{"linger.ms": 0 if rate else 20})
@@ -66,7 +67,12 @@ def send(s: Settings, topic: str, ids: list[str], rate: float | None, with_id_ke
     t0 = time.monotonic()
     for i, rid in enumerate(ids):
         now = time.time()
-        produce(p, topic, orjson.dumps({"id": rid, "text": texts[i % len(texts)]}), key=rid if with_id_key else None)
+        if users:
+            user = users[i % len(users)]
+            produce(p, topic, orjson.dumps({"id": rid, "user_id": user, "text": texts[i % len(texts)]}), key=user)
+        else:
+            produce(p, topic, orjson.dumps({"id": rid, "text": texts[i % len(texts)]}),
+                    key=rid if with_id_key else None)
         sent_at[rid] = now
         if i % 500 == 0:
             p.poll(0)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.errors import ConfigError, InvalidThresholds, ServiceUnavailable, TierflowError
-from pipeline.ops.commands import BENCHES, interrupted, settings_of, setup_logging
+from pipeline.ops.commands import BENCHES, fatal, interrupted, settings_of, setup_logging
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -254,26 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Stopped by Ctrl-C: the shell's convention (128 + SIGINT), also when the command wound down cleanly
         return 130 if code == 0 and interrupted() else code
     except (ServiceUnavailable, ConfigError, InvalidThresholds) as e:
-        _fatal(args.command, str(e).splitlines() or [""], json_logs)
+        fatal(args.command, str(e).splitlines() or [""], json_logs)
         return 2
     except TierflowError as e:
-        _fatal(args.command, [f"{e.__class__.__name__}: {e}"], json_logs)
+        fatal(args.command, [f"{e.__class__.__name__}: {e}"], json_logs)
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-def _fatal(command: str, lines: list[str], json_logs: bool) -> None:
-    """A fatal error, one line each: JSON log records when logs are JSON (a log pipeline parses every line of
-    the process), else `tierflow CMD: ...` on stderr."""
-    if json_logs:
-        import logging
-
-        for line in lines:
-            logging.getLogger("tierflow").error("tierflow %s: %s", command, line)
-        return
-    for line in lines:
-        print(f"tierflow {command}: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

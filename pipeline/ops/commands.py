@@ -62,6 +62,17 @@ def setup_logging(settings: Settings) -> None:
     logging.getLogger("faust").setLevel(max(level, logging.WARNING))
 
 
+def fatal(command: str, lines: list[str], json_logs: bool) -> None:
+    """A fatal error, one line each: JSON log records when logs are JSON (a log pipeline parses every line of
+    the process), else `tierflow CMD: ...` on stderr."""
+    if json_logs:
+        for line in lines:
+            logging.getLogger("tierflow").error("tierflow %s: %s", command, line)
+        return
+    for line in lines:
+        print(f"tierflow {command}: {line}", file=sys.stderr)
+
+
 def _redis(settings: Settings) -> Any:
     from pipeline.adapters.kafka import check_reachable
     from pipeline.adapters.redis_client import make_redis
