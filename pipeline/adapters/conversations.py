@@ -91,6 +91,14 @@ class Message:
     replay_job: str | None = None  # a backfill's: its conversations are kept apart from the live ones
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """New turns placed and not yet written: (key, turn) each, with each turn's customer."""
+
+    writes: Sequence[tuple[str, Turn]] = ()
+    users: Sequence[str] = ()
+
+
 @dataclass
 class Conversations:
     """Reads and writes customers' turns. `contexts()` places a batch of messages in their conversations (one round
@@ -109,8 +117,16 @@ class Conversations:
     def contexts(self, msgs: Sequence[Message], now_ms: int) -> list[Context | None]:
         """Each message's context, in order (a customer's earlier messages of the same batch count), with each
         message written as a new turn. None per message when Redis is away: it is answered on its own."""
+        out, pending = self.place(msgs, now_ms)
+        self.save(pending)
+        return out
+
+    def place(self, msgs: Sequence[Message], now_ms: int) -> tuple[list[Context | None], Pending]:
+        """`contexts()` in two halves: the contexts (one round trip) and the new turns still to `save()`, which a
+        caller does once the messages are on their way (their routing does not wait on the write). The next
+        message of a customer must be placed after the save: ingest saves before it reads its next batch."""
         if not msgs:
-            return []
+            return [], Pending()
         keys = [self.keys.conversation(m.user_id, m.replay_job) for m in msgs]
         distinct = list(dict.fromkeys(keys))
         try:
@@ -120,7 +136,7 @@ class Conversations:
             stored = dict(zip(distinct, pipe.execute(), strict=True))
         except (redis.RedisError, OSError) as e:
             self._unavailable(e)
-            return [None] * len(msgs)
+            return [None] * len(msgs), Pending()
         turns: dict[str, list[Turn]] = {k: [t for raw in v if (t := turn_of(raw)) is not None]
                                         for k, v in stored.items()}
         out: list[Context | None] = []
@@ -133,8 +149,11 @@ class Conversations:
             out.append(conv.context_of(past[-self.cfg.max_turns:], turn))
             turns[k] = [*past, turn]
             writes.append((k, turn))
-        self._write(writes, [m.user_id for m in msgs])
-        return out
+        return out, Pending(writes, [m.user_id for m in msgs])
+
+    def save(self, pending: Pending) -> None:
+        """Write the turns `place()` made (one round trip)."""
+        self._write(pending.writes, pending.users)
 
     def complete(self, done: Sequence[tuple[str, str | None, Turn]]) -> None:
         """Record answered turns: (user id, replay job, the turn with its outcome) each."""

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from pipeline import metrics
 from pipeline.adapters.batches import BatchCommitter
-from pipeline.adapters.conversations import Conversations
+from pipeline.adapters.conversations import Conversations, Pending
 from pipeline.adapters.conversations import Message as Said
 from pipeline.adapters.dlq import DeadLetters, headers_dict
 from pipeline.adapters.doorbell import Bell, ring
@@ -327,8 +327,9 @@ class Ingest:
         """Customers' plain messages: placed in their conversations (one read and one write for the batch), then
         routed as their conversation says (pipeline/core/conversation.py)."""
         assert self.conversations is not None
+        pending = Pending()
         try:
-            ctxs = self.conversations.contexts(
+            ctxs, pending = self.conversations.place(
                 [Said(d["user_id"], d["id"], received, d["text"], f["lang"], f["complaint"])
                  for _, d, f, _, received in batch], now_ms)
         except Exception as e:  # a bug in the store must not lose the batch: route it without context
@@ -349,6 +350,9 @@ class Ingest:
                 routed[steer.route] += 1
             except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the pipeline
                 self._internal(msg, e)
+        # The new turns are written while the routed records travel (their workers do not wait on it), and before
+        # the next batch is read (a customer's next message sees this one).
+        self.conversations.save(pending)
 
     def _context(self, user_id: str | None, request_id: str, at_ms: int, text: str, feats: Features,
                  conversation_id: str | None, replay_job: str | None) -> Context | None:
