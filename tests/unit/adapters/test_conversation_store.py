@@ -90,3 +90,23 @@ def test_stored_turns_are_read_tolerantly() -> None:
     assert turn_of(b"not json") is None and turn_of(b"[1]") is None and turn_of(b'{"id": 1}') is None
     odd = turn_of(b'{"id": "r", "at": 5, "slots": []}')  # Lua's cjson writes an empty table as []
     assert odd is not None and odd["slots"] == {} and odd["text"] == ""
+
+
+def test_hostile_conversations_are_bounded_and_a_forged_id_reads_no_one_elses_turns(store: Conversations) -> None:
+    now = int(time.time() * 1000)
+    # 10,000 turns of one customer, in batches as ingest places them: the list stays at max_turns
+    for b in range(0, 10_000, 500):
+        store.contexts([said("spam", f"s{i}", f"message {i}", now + i) for i in range(b, b + 500)], now + b + 500)
+    assert len(store.turns("spam")) == 4
+    # a 1 MB message (or slot): kept as its first characters, the customer's state stays small
+    big = "order 58213 " + "x" * 1_000_000
+    ctx = store.contexts([said("big", "b1", big, now), said("big", "b2", big, now + 1)], now + 2)[1]
+    assert ctx is not None and ctx["slots"]["order_id"] == "58213"
+    stored = store.r.lrange(store.keys.conversation("big"), 0, -1)
+    assert sum(len(x) for x in stored) < 2 * conv.TEXT_CHARS * 2 + 1000, [len(x) for x in stored]
+    # a forged conversation_id naming another customer's conversation: a new conversation of the sender's own
+    store.contexts([said("victim", "v1", "my order 771234 to 5 Elm Street", now)], now)
+    forged = store.contexts([said("mallory", "m1", "what was my address?", now + 1,
+                                  conversation_id="victim:v1")], now + 2)[0]
+    assert forged is not None and forged["history"] == [] and "771234" not in str(forged)
+    assert [t["id"] for t in store.turns("victim")] == ["v1"]
