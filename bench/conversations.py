@@ -314,7 +314,7 @@ def report(scores: dict[str, Scores], convs: list[dict[str, Any]], seconds: floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help=f"write the section '{TITLE}' of BENCHMARKS.md")
-    ap.add_argument("--written", type=int, default=12, help="later turns the heavy tier's writer answers (half per "
+    ap.add_argument("--written", type=int, default=20, help="later turns the heavy tier's writer answers (half per "
                     "language; 0: none). Each takes seconds on a CPU")
     ap.add_argument("--cost", type=int, default=2, help="rounds of the cost runs (a `tierflow up` with "
                     "conversations off, then on, per round; 0: none)")
