@@ -45,15 +45,18 @@ demo: $(WRITER_STAMP)
 
 # Everything on the default embedded broker (noida) and, at the same time, what talks to a broker again on tansu:
 # both stay selectable and tested. Each pass has its own broker and Redis, and most of a test's time is waiting on
-# traffic paced in real time, so side by side they take little more than the longer one. The tansu pass prints
-# when both are done (its whole log: .tierflow/test-tansu.log). Set TIERFLOW_TEST_BOOTSTRAP to run the first pass
-# on your own Kafka instead.
+# traffic paced in real time, so side by side they take little more than the longer one; for the same reason each
+# pass spreads its test files over XDIST processes (pytest-xdist; each its own broker and Redis). The tansu pass
+# prints when both are done (its whole log: .tierflow/test-tansu.log). Set TIERFLOW_TEST_BOOTSTRAP to run the first
+# pass on your own Kafka instead; XDIST= runs each pass in one process.
+XDIST ?= -n 2 --dist loadfile
+
 test: $(WRITER_STAMP) tools
 	@mkdir -p .tierflow
 	@TIERFLOW_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -m "integration and not slow" -p no:cacheprovider \
-		> .tierflow/test-tansu.log 2>&1 & tansu=$$!; \
+		$(XDIST) > .tierflow/test-tansu.log 2>&1 & tansu=$$!; \
 	echo "tansu pass running beside this one: .tierflow/test-tansu.log"; \
-	TIERFLOW_EMBEDDED_BROKER=noida $(BIN)/python -m pytest -m "not slow"; noida=$$?; \
+	TIERFLOW_EMBEDDED_BROKER=noida $(BIN)/python -m pytest -m "not slow" $(XDIST); noida=$$?; \
 	wait $$tansu; tansu=$$?; \
 	if [ $$tansu -eq 0 ]; then echo "=== tansu pass: passed"; grep -v '^%[0-9]|' .tierflow/test-tansu.log | tail -n 1; \
 	else echo "=== tansu pass: FAILED (exit $$tansu)"; grep -v '^%[0-9]|' .tierflow/test-tansu.log | tail -n 300; fi; \
