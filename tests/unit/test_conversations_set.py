@@ -3,13 +3,13 @@ that its generator (workers/domains/ecommerce/conversations.py) reproduces it by
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.unit.texts import folded, texts_in
 from workers.domains.ecommerce.conversations import OUT, build, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,16 +78,10 @@ def test_most_conversations_depend_on_their_context() -> None:
 def test_no_turn_is_a_training_line() -> None:
     """Every file the e-commerce pack trains on (domain.json: train, out_of_scope, chitchat, multilingual)."""
     pack = json.loads((PACK / "domain.json").read_text(encoding="utf-8"))
-    seen: set[str] = set()
-    for rel in [*pack["train"], *pack["out_of_scope"], *pack["chitchat"], pack["multilingual"]]:
-        path = (PACK / rel).resolve()
-        if path.suffix == ".jsonl":
-            seen |= {json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
-        else:
-            with path.open(newline="", encoding="utf-8") as f:
-                seen |= {row["text"] for row in csv.DictReader(f)}
-    fold = {" ".join(t.split()).casefold() for t in seen}
-    assert not [t["text"] for _, t in _turns() if " ".join(t["text"].split()).casefold() in fold]
+    seen = texts_in((PACK / rel).resolve()
+                    for rel in [*pack["train"], *pack["out_of_scope"], *pack["chitchat"], pack["multilingual"]])
+    fold = {folded(t) for t in seen}
+    assert not [t["text"] for _, t in _turns() if folded(t["text"]) in fold]
 
 
 def test_the_generator_reproduces_the_committed_file() -> None:

@@ -8,6 +8,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from tests.unit.texts import folded, texts_in
+
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = json.loads((ROOT / "workers" / "domains" / "ecommerce" / "policies.json").read_text(encoding="utf-8"))
 CHECK = [json.loads(line) for line in (ROOT / "workers" / "domains" / "ecommerce" / "check.jsonl").read_text(
@@ -68,17 +70,10 @@ def test_the_general_test_lines_were_never_trained_on() -> None:
     import csv
 
     data = ROOT / "workers" / "data"
-    seen: set[str] = set()
-    for path in [*data.glob("*/*.csv"), *data.glob("*/*.jsonl")]:
-        if path.name == "test.csv" and path.parent.name == "general":
-            continue
-        if path.suffix == ".jsonl":
-            seen |= {json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
-        else:
-            with path.open(newline="", encoding="utf-8") as f:
-                seen |= {row["text"] for row in csv.DictReader(f)}
-    fold = {" ".join(t.split()).casefold() for t in seen}
+    seen = texts_in(p for p in [*data.glob("*/*.csv"), *data.glob("*/*.jsonl")]
+                    if not (p.name == "test.csv" and p.parent.name == "general"))
+    fold = {folded(t) for t in seen}
     with (data / "general" / "test.csv").open(newline="", encoding="utf-8") as f:
         test = [row for row in csv.DictReader(f)]
     assert len(test) >= 300 and {r["category"] for r in test} == {"chitchat", "oos"}
-    assert not [r["text"] for r in test if " ".join(r["text"].split()).casefold() in fold]
+    assert not [r["text"] for r in test if folded(r["text"]) in fold]
