@@ -185,7 +185,7 @@ def test_a_heavy_batch_stuck_past_the_slo_degrades_before_its_answers_come_out(
         settings_factory: Callable[..., Settings], running: Running) -> None:
     # Low traffic: the stuck worker's lag stays far under degrade_lag, and no late answer comes out to raise its
     # p95 until the batch ends. Its heartbeat's `busy_ms` is the only news, and ingest must act on it.
-    stuck_at, got = under_fault(settings_factory(), running, 5, 8000, 2, 14.0, "stuck")
+    stuck_at, got = under_fault(settings_factory(), running, 5, 8000, 4, 14.0, "stuck")
 
     def ingested(a: dict[str, Any]) -> float:
         return float(a["answered_at"] - a["timings_ms"]["total"] + a["timings_ms"]["ingest"]) / 1000
