@@ -39,6 +39,7 @@ from pipeline.ops.devstack import Stack
 from pipeline.settings import Settings
 from tests.faults.harness import AGENT_ARGS, ECHO, request
 from tests.integration.helpers import produce_all, wait_ready
+from tests.npm import install_lock
 
 pytestmark = pytest.mark.integration
 
@@ -94,19 +95,20 @@ def kafkajs() -> Client:
     if major is None or int(major.group(1)) < 14:
         pytest.skip(f"kafkajs 2 needs Node.js >= 14, `node --version` says {version!r}")
     pinned = _pinned_kafkajs()
-    if _installed_kafkajs() != pinned:
-        try:
-            out = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT_DIR, capture_output=True,
-                                 text=True, timeout=NPM_CI_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"`npm ci` in {CLIENT_DIR} took over {NPM_CI_TIMEOUT_S} s (npm registry unreachable?)")
-        if out.returncode != 0:
-            lines = [ln.removeprefix("npm error").strip() for ln in (out.stderr or out.stdout).splitlines()]
-            said = [ln for ln in lines if ln.startswith(("code ", "FetchError", "network", "E")) or "reason" in ln]
-            pytest.skip(f"`npm ci` failed in {CLIENT_DIR} (npm registry unreachable?): "
-                        + " | ".join((said or [ln for ln in lines if ln])[:3]))
+    with install_lock(CLIENT_DIR):
         if _installed_kafkajs() != pinned:
-            pytest.fail(f"`npm ci` installed kafkajs {_installed_kafkajs()}, package.json pins {pinned}")
+            try:
+                out = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT_DIR, capture_output=True,
+                                     text=True, timeout=NPM_CI_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.skip(f"`npm ci` in {CLIENT_DIR} took over {NPM_CI_TIMEOUT_S} s (npm registry unreachable?)")
+            if out.returncode != 0:
+                lines = [ln.removeprefix("npm error").strip() for ln in (out.stderr or out.stdout).splitlines()]
+                said = [ln for ln in lines if ln.startswith(("code ", "FetchError", "network", "E")) or "reason" in ln]
+                pytest.skip(f"`npm ci` failed in {CLIENT_DIR} (npm registry unreachable?): "
+                            + " | ".join((said or [ln for ln in lines if ln])[:3]))
+            if _installed_kafkajs() != pinned:
+                pytest.fail(f"`npm ci` installed kafkajs {_installed_kafkajs()}, package.json pins {pinned}")
     return Client(node, READ_JS)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.npm import install_lock
 from tests.unit.test_deploy import ROOT
 
 CLIENT = ROOT / "tests" / "clients" / "grafana"
@@ -49,15 +50,16 @@ def tool() -> tuple[str, str]:
     if node is None or npm is None:
         pytest.skip(f"the Grafana schema check needs Node.js: {'node' if node is None else 'npm'} not on PATH")
     tsc = CLIENT / "node_modules" / "typescript" / "bin" / "tsc"
-    if not tsc.exists():
-        try:
-            out = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, capture_output=True, text=True,
-                                 timeout=NPM_CI_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"`npm ci` in {CLIENT} took over {NPM_CI_TIMEOUT_S} s (npm registry unreachable?)")
-        if out.returncode != 0:
-            last = (out.stderr or out.stdout).strip().splitlines()[-1:] or [""]
-            pytest.skip(f"`npm ci` failed in {CLIENT} (npm registry unreachable?): {last[0]}")
+    with install_lock(CLIENT):
+        if not tsc.exists():
+            try:
+                out = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, capture_output=True, text=True,
+                                     timeout=NPM_CI_TIMEOUT_S, check=False)
+            except subprocess.TimeoutExpired:
+                pytest.skip(f"`npm ci` in {CLIENT} took over {NPM_CI_TIMEOUT_S} s (npm registry unreachable?)")
+            if out.returncode != 0:
+                last = (out.stderr or out.stdout).strip().splitlines()[-1:] or [""]
+                pytest.skip(f"`npm ci` failed in {CLIENT} (npm registry unreachable?): {last[0]}")
     return node, str(tsc)
 
 
