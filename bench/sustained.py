@@ -11,6 +11,11 @@ minute of its own run, and the broker process's CPU (% of one core) and RSS at t
 
 `--backlog N` adds a catch-up row: a consumer N records behind (1 KiB records, one topic without the
 embedded retention bounds) reads them all.
+
+`--packaged-rates 50,100,...` then runs the pipeline with the packaged models (the classifiers; the writer's
+seconds a reply are bench.generation's) on the first broker at each rate in turn, for `--minutes` each, and
+reports the highest rate it holds: every request answered and every minute's p99 under `--packaged-p99` ms
+(250). The sweep stops at the first rate it does not hold.
 """
 
 from __future__ import annotations
@@ -208,6 +213,62 @@ def run_broker(broker: str, minutes: float, rate: float, backlog: int, light_wor
     return BrokerResult(broker, bare, pipe, bare_cpu.samples, pipe_cpu.samples, caught)
 
 
+@dataclass
+class RateResult:
+    rate: float
+    run: Minutes
+    broker: list[tuple[float, float]]
+
+    def worst_p99(self) -> float:
+        return max((self.run.p(m)[2] for m in self.run.by_minute), default=float("inf"))
+
+    def held(self, p99_ms: float) -> bool:
+        return self.run.answered == self.run.sent and self.worst_p99() < p99_ms
+
+
+PACKAGED = {"TIERFLOW_HEAVY_GENERATOR": "none"}
+
+
+def packaged_sweep(broker: str, rates: list[float], minutes: float, p99_ms: float,
+                   light_workers: int) -> list[RateResult]:
+    """The pipeline on the packaged models at each rate (lowest first, fresh topics and agents each), until one
+    rate is not held."""
+    seconds = minutes * 60
+    every = 60.0 if minutes >= 2 else seconds / 4
+    out: list[RateResult] = []
+    with broker_stack(broker) as (base, pid):
+        for rate in sorted(rates):
+            print(f"== {broker}, packaged models: {minutes:g} min at {rate:.0f} msg/s", flush=True)
+            s = fresh_topics(base)
+            stack, _ = start_pipeline(s, PACKAGED, light_workers=light_workers)
+            try:
+                with BrokerSampler(pid, every) as cpu:
+                    run = timed_run(s, topics_of(s).requests, topics_of(s).answers, rate, seconds, every_s=every)
+            finally:
+                stack.stop()
+            out.append(RateResult(rate, run, cpu.samples))
+            print(f"   answered {run.answered:,}/{run.sent:,}, worst p99 {out[-1].worst_p99():.1f} ms", flush=True)
+            if not out[-1].held(p99_ms):
+                break
+    return out
+
+
+def sweep_table(results: list[RateResult], p99_ms: float, every: float) -> str:
+    unit = "minute" if every == 60 else f"{every:.0f} s window"
+    lines = [f"| offered msg/s | answered | p50 / p95 / p99 ms, whole run | worst p99 in a {unit} ms | "
+             "broker CPU % (mean) | held |", "|---:|---:|---|---:|---:|---|"]
+    for r in results:
+        everything = [x for xs in r.run.by_minute.values() for x in xs]
+        p50, p95, p99 = percentiles(everything)
+        cpu = sum(c for c, _ in r.broker) / len(r.broker) if r.broker else float("nan")
+        lines.append(f"| {r.rate:.0f} | {r.run.answered:,}/{r.run.sent:,} | {p50:.1f} / {p95:.1f} / {p99:.1f} | "
+                     f"{r.worst_p99():.1f} | {cpu:.0f} | {'yes' if r.held(p99_ms) else 'no'} |")
+    held = [r.rate for r in results if r.held(p99_ms)]
+    best = f"{max(held):.0f} msg/s" if held else "none of the rates tried"
+    lines += ["", f"Highest rate held (every request answered, every {unit}'s p99 < {p99_ms:.0f} ms): **{best}**."]
+    return "\n".join(lines)
+
+
 def table(r: BrokerResult, rate: float, every: float) -> str:
     unit = "minute" if every == 60 else f"{every:.0f} s window"
     lines = [f"| {unit} | bare p50 / p95 / p99 ms | pipeline p50 / p95 / p99 ms | added p99 ms | "
@@ -235,6 +296,9 @@ def main() -> None:
     ap.add_argument("--brokers", default="noida,tansu", help="embedded brokers, in order (noida,tansu)")
     ap.add_argument("--backlog", type=int, default=None, help="catch-up row: records behind (300,000; quick 20,000)")
     ap.add_argument("--light-workers", type=int, default=2)
+    ap.add_argument("--packaged-rates", default="",
+                    help="then the packaged models at these rates (msg/s, comma-separated) on the first broker")
+    ap.add_argument("--packaged-p99", type=float, default=250.0, help="p99 a packaged rate must hold (ms)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
     args = ap.parse_args()
@@ -246,6 +310,15 @@ def main() -> None:
         print(f"== {broker}: bare broker, then the pipeline, {minutes:g} min each at {args.rate:.0f} msg/s", flush=True)
         r = run_broker(broker, minutes, args.rate, backlog if broker == "noida" else 0, args.light_workers)
         part = f"**{broker}**\n\n" + table(r, args.rate, every)
+        print(part, flush=True)
+        parts.append(part)
+    rates = [float(r) for r in args.packaged_rates.split(",") if r.strip()]
+    if rates:
+        broker = args.brokers.split(",")[0]
+        swept = packaged_sweep(broker, rates, minutes, args.packaged_p99, args.light_workers)
+        part = (f"**{broker}, packaged models** (the pack's classifiers in every tier, as `tierflow up` runs them; "
+                f"the heavy tier's writer off: bench.generation times it), {minutes:g} min at each rate, lowest "
+                "first, stopping at the first rate not held\n\n" + sweep_table(swept, args.packaged_p99, every))
         print(part, flush=True)
         parts.append(part)
     body = (f"{args.rate:.0f} msg/s for {minutes:g} minutes, first on the bare broker (produce to a topic, consume "
