@@ -107,16 +107,26 @@ def measure_bare(s: Settings, n: int, rate: float | None, timeout: float) -> Run
     return measure(s, topic, topic, n, rate, timeout)
 
 
-def start_pipeline(s: Settings, env: dict[str, str], light_workers: int) -> tuple[Stack, dict[str, list[int]]]:
+def start_pipeline(s: Settings, env: dict[str, str], light_workers: int,
+                   budget: bool = False) -> tuple[Stack, dict[str, list[int]]]:
+    """Ingest and the three tiers on `s`'s broker and Redis. `budget`: each agent's model threads from the core
+    budget, as `tierflow up` gives them (pipeline/ops/devstack.py thread_budget)."""
+    from pipeline.ops.devstack import thread_budget
     from tests.integration.helpers import wait_ready
+
+    threads = thread_budget(s)[1] if budget else {}
+
+    def env_of(agent: str) -> dict[str, str | None]:
+        return {**env, "TIERFLOW_THREADS": str(threads[agent])} if agent in threads else {**env}
 
     stack = Stack(s)
     pids: dict[str, list[int]] = {"ingest": [], "worker": []}
-    pids["ingest"].append(stack.start_agent("ingest", "ingest", env=env).popen.pid)
+    pids["ingest"].append(stack.start_agent("ingest", "ingest", env=env_of("ingest")).popen.pid)
     for i in range(light_workers):
-        pids["worker"].append(stack.start_agent(f"light-{i}", "worker", "--tier", "light", env=env).popen.pid)
+        pids["worker"].append(stack.start_agent(f"light-{i}", "worker", "--tier", "light",
+                                                env=env_of("worker-light")).popen.pid)
     for tier in ("heavy", "multimodal"):
-        pids["worker"].append(stack.start_agent(tier, "worker", "--tier", tier, env=env).popen.pid)
+        pids["worker"].append(stack.start_agent(tier, "worker", "--tier", tier, env=env_of(f"worker-{tier}")).popen.pid)
     wait_ready(s, ["light", "heavy", "multimodal"], timeout=300)
     time.sleep(2)
     return stack, pids

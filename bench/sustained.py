@@ -2,8 +2,8 @@
 
 For each broker (noida, then tansu), on a broker of its own:
 1. the bare broker: `--rate` msg/s produced to one topic and consumed back, for `--minutes`;
-2. the whole pipeline (ingest, two light workers, heavy, multimodal; echo models) at the same rate, for the
-   same minutes, on fresh topics.
+2. the whole pipeline (ingest, one light worker as `tierflow up` runs (`--light-workers`), heavy, multimodal;
+   echo models) at the same rate, for the same minutes, on fresh topics.
 Per minute of send time: p50/p95/p99 of each, the pipeline's p99 over the bare broker's p99 in the same
 minute of its own run, and the broker process's CPU (% of one core) and RSS at the end of the minute.
 
@@ -240,7 +240,7 @@ def packaged_sweep(broker: str, rates: list[float], minutes: float, p99_ms: floa
         for rate in sorted(rates):
             print(f"== {broker}, packaged models: {minutes:g} min at {rate:.0f} msg/s", flush=True)
             s = fresh_topics(base)
-            stack, _ = start_pipeline(s, PACKAGED, light_workers=light_workers)
+            stack, _ = start_pipeline(s, PACKAGED, light_workers=light_workers, budget=True)
             try:
                 with BrokerSampler(pid, every) as cpu:
                     run = timed_run(s, topics_of(s).requests, topics_of(s).answers, rate, seconds, every_s=every)
@@ -295,7 +295,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0, help="offered load, msg/s (1000)")
     ap.add_argument("--brokers", default="noida,tansu", help="embedded brokers, in order (noida,tansu)")
     ap.add_argument("--backlog", type=int, default=None, help="catch-up row: records behind (300,000; quick 20,000)")
-    ap.add_argument("--light-workers", type=int, default=2)
+    ap.add_argument("--light-workers", type=int, default=1, help="light worker processes (1, as tierflow up runs)")
     ap.add_argument("--packaged-rates", default="",
                     help="then the packaged models at these rates (msg/s, comma-separated) on the first broker")
     ap.add_argument("--packaged-p99", type=float, default=250.0, help="p99 a packaged rate must hold (ms)")
@@ -316,14 +316,16 @@ def main() -> None:
     if rates:
         broker = args.brokers.split(",")[0]
         swept = packaged_sweep(broker, rates, minutes, args.packaged_p99, args.light_workers)
-        part = (f"**{broker}, packaged models** (the pack's classifiers in every tier, as `tierflow up` runs them; "
-                f"the heavy tier's writer off: bench.generation times it), {minutes:g} min at each rate, lowest "
-                "first, stopping at the first rate not held\n\n" + sweep_table(swept, args.packaged_p99, every))
+        part = (f"**{broker}, packaged models** (the pack's classifiers in every tier, on the threads `tierflow up` "
+                f"gives them; the heavy tier's writer off: bench.generation times it), {minutes:g} min at each "
+                "rate, lowest first, stopping at the first rate not held\n\n"
+                + sweep_table(swept, args.packaged_p99, every))
         print(part, flush=True)
         parts.append(part)
     body = (f"{args.rate:.0f} msg/s for {minutes:g} minutes, first on the bare broker (produce to a topic, consume "
-            "it back), then through the whole pipeline (ingest, two light workers, heavy and multimodal, echo "
-            "models; request to answer read), each on fresh topics of the same broker; the producer and the "
+            f"it back), then through the whole pipeline (ingest, {args.light_workers} light worker process(es), "
+            "heavy and multimodal; echo models; request to answer read), each on fresh topics of the same broker; "
+            "the producer and the "
             "reader run in the benchmark process on the same 2 cores. Latency is bucketed by the minute a request "
             "was sent; the broker's CPU and RSS are read from /proc at the end of each minute. noida runs with the "
             "embedded stack's topic bounds (pipeline/adapters/brokers.py); tansu has none.\n\n"
