@@ -301,6 +301,8 @@ def main() -> None:
     ap.add_argument("--packaged-p99", type=float, default=250.0, help="p99 a packaged rate must hold (ms)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
+    ap.add_argument("--section", default="Sustained load per embedded broker",
+                    help="the BENCHMARKS.md section --write replaces (a run of one broker can keep its own)")
     args = ap.parse_args()
     minutes = args.minutes or (1.0 if args.quick else 10.0)
     backlog = args.backlog if args.backlog is not None else (20_000 if args.quick else 300_000)
@@ -332,7 +334,7 @@ def main() -> None:
             + "\n\n".join(parts)
             + f"\n\n1-minute load average at the end: {os.getloadavg()[0]:.1f}.\n")
     if args.write:
-        write_section("Sustained load per embedded broker", body)
+        write_section(args.section, body)
 
 
 if __name__ == "__main__":
