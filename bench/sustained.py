@@ -324,8 +324,9 @@ def main() -> None:
                 + sweep_table(swept, args.packaged_p99, every))
         print(part, flush=True)
         parts.append(part)
+    workers = "one light worker" if args.light_workers == 1 else f"{args.light_workers} light workers"
     body = (f"{args.rate:.0f} msg/s for {minutes:g} minutes, first on the bare broker (produce to a topic, consume "
-            f"it back), then through the whole pipeline (ingest, {args.light_workers} light worker process(es), "
+            f"it back), then through the whole pipeline (ingest, {workers}, "
             "heavy and multimodal; echo models; request to answer read), each on fresh topics of the same broker; "
             "the producer and the "
             "reader run in the benchmark process on the same 2 cores. Latency is bucketed by the minute a request "
