@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from pipeline import metrics
 from pipeline.adapters.brokers import answers_fetches_at_once, counts_batches, shows_out_of_order
@@ -633,7 +633,7 @@ def create_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     check_reachable(settings.kafka.servers, "Kafka")
     admin = make_admin(settings)
     specs = specs_of(settings)
-    existing = set(admin.list_topics(timeout=timeout).topics)
+    existing = set(metadata(admin, timeout).topics)
     todo = [s for s in specs if s.name not in existing]
     created: list[str] = []
     if todo:
@@ -652,10 +652,30 @@ def create_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     return created
 
 
+# A broker that takes connections before it serves them (tansu restarted on its --data storage) makes librdkafka
+# fail a metadata request at once, long before its timeout: these are worth asking again.
+_NOT_YET = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+
+
+def metadata(admin: AdminClient, timeout: float) -> ClusterMetadata:
+    """The cluster's metadata, asked again while the broker is not serving yet, for up to `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        except KafkaException as e:
+            if e.args[0].code() not in _NOT_YET:
+                raise
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"Kafka did not answer a metadata request within {timeout:.0f} s: "
+                                         f"{e.args[0].str()}") from e
+            time.sleep(0.2)
+
+
 def wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        md = admin.list_topics(timeout=timeout)
+        md = metadata(admin, max(0.5, deadline - time.monotonic()))
         missing = [n for n in names if n not in md.topics or md.topics[n].error is not None]
         if not missing:
             return
