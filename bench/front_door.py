@@ -35,6 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     extra = {"TIERFLOW_EMBEDDED_BROKER": args.broker, **(ECHO if args.models == "echo" else {})}
     walls, totals, tiers, failed = [], [], [], 0
+    by_kind: dict[str, list[float]] = {}  # the answer's total by tier, and whether the writer wrote it
     reads: dict[str, list[float]] = {"answers": [], "status --once": []}
     printed = reads_failed = 0
     with tierflow_up("front", extra) as up:
@@ -51,6 +52,8 @@ def main() -> None:
             ans = json.loads(out.stdout[out.stdout.index("{"):])
             totals.append(ans["timings_ms"]["total"])
             tiers.append(ans["tier"])
+            written = " (written by the writer)" if "write" in ans["timings_ms"] else ""
+            by_kind.setdefault(f"{ans['tier']}{written}", []).append(ans["timings_ms"]["total"])
         for _ in range(args.reads):
             t = time.monotonic()
             listed = subprocess.run([sys.executable, "-m", "pipeline.cli", "answers", "--json"], env=env,
@@ -76,7 +79,10 @@ def main() -> None:
             + "".join(f"| `{name}`, wall time per command | {statistics.median(ts):.2f} s | {max(ts):.2f} s |\n"
                       for name, ts in reads.items() if ts)
             + f"| the answer's own total (ingest to answer) | {statistics.median(totals):.0f} ms | "
-            f"{max(totals):.0f} ms |\n\n"
+            f"{max(totals):.0f} ms |\n"
+            + "".join(f"| the answer's own total, {kind}: {len(ts)} | {statistics.median(ts):.0f} ms | "
+                      f"{max(ts):.0f} ms |\n" for kind, ts in sorted(by_kind.items()))
+            + "\n"
             f"Answers printed by `send --wait`: {len(totals)} of {args.sends} ({failed} failed); tiers: "
             + ", ".join(f"{t} {tiers.count(t)}" for t in sorted(set(tiers)))
             + f". `tierflow answers` printed {printed}"
