@@ -30,6 +30,9 @@ TINY = {
     "sustained": (["--minutes", "0.1", "--rate", "100", "--backlog", "2000", "--packaged-rates", "20",
                    "--brokers", os.environ.get("TIERFLOW_EMBEDDED_BROKER", "noida")],
                   ("Worst added p99", "Highest rate held")),
+    "front_door": (["--sends", "3", "--reads", "1", "--models", "echo",
+                    "--broker", os.environ.get("TIERFLOW_EMBEDDED_BROKER", "noida")],
+                   ("`send --wait`, wall time per command", "the answer's own total, light")),
     "durability": (["--seconds", "2", "--rate", "200",
                     "--brokers", os.environ.get("TIERFLOW_EMBEDDED_BROKER", "noida")], "| consumer offsets kept |"),
 }
