@@ -103,6 +103,15 @@ class BrokerSampler:
 
 
 # --------------------------------------------------------------------------- one run
+def window_s(minutes: float) -> float:
+    """The latency buckets: a minute, or a quarter of a run shorter than two."""
+    return 60.0 if minutes >= 2 else minutes * 60 / 4
+
+
+def window_name(every: float) -> str:
+    return "minute" if every == 60 else f"{every:.0f} s window"
+
+
 @dataclass
 class Minutes:
     """Latencies bucketed by the minute (of the run) each request was sent in."""
@@ -197,7 +206,7 @@ class BrokerResult:
 
 def run_broker(broker: str, minutes: float, rate: float, backlog: int, light_workers: int) -> BrokerResult:
     seconds = minutes * 60
-    every = 60.0 if minutes >= 2 else seconds / 4
+    every = window_s(minutes)
     with broker_stack(broker) as (base, pid):
         s = fresh_topics(base)
         with BrokerSampler(pid, every) as bare_cpu:
@@ -234,7 +243,7 @@ def packaged_sweep(broker: str, rates: list[float], minutes: float, p99_ms: floa
     """The pipeline on the packaged models at each rate (lowest first, fresh topics and agents each), until one
     rate is not held."""
     seconds = minutes * 60
-    every = 60.0 if minutes >= 2 else seconds / 4
+    every = window_s(minutes)
     out: list[RateResult] = []
     with broker_stack(broker) as (base, pid):
         for rate in sorted(rates):
@@ -254,7 +263,7 @@ def packaged_sweep(broker: str, rates: list[float], minutes: float, p99_ms: floa
 
 
 def sweep_table(results: list[RateResult], p99_ms: float, every: float) -> str:
-    unit = "minute" if every == 60 else f"{every:.0f} s window"
+    unit = window_name(every)
     lines = [f"| offered msg/s | answered | p50 / p95 / p99 ms, whole run | worst p99 in a {unit} ms | "
              "broker CPU % (mean) | held |", "|---:|---:|---|---:|---:|---|"]
     for r in results:
@@ -270,7 +279,7 @@ def sweep_table(results: list[RateResult], p99_ms: float, every: float) -> str:
 
 
 def table(r: BrokerResult, rate: float, every: float) -> str:
-    unit = "minute" if every == 60 else f"{every:.0f} s window"
+    unit = window_name(every)
     lines = [f"| {unit} | bare p50 / p95 / p99 ms | pipeline p50 / p95 / p99 ms | added p99 ms | "
              "broker CPU % (bare / pipeline) | broker RSS MiB (bare / pipeline) |",
              "|---:|---|---|---:|---|---|"]
@@ -306,7 +315,7 @@ def main() -> None:
     args = ap.parse_args()
     minutes = args.minutes or (1.0 if args.quick else 10.0)
     backlog = args.backlog if args.backlog is not None else (20_000 if args.quick else 300_000)
-    every = 60.0 if minutes >= 2 else minutes * 60 / 4
+    every = window_s(minutes)
     parts = []
     for broker in args.brokers.split(","):
         print(f"== {broker}: bare broker, then the pipeline, {minutes:g} min each at {args.rate:.0f} msg/s", flush=True)
