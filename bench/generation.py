@@ -8,10 +8,11 @@ the writer words a reply grounded in the intent's policy, and the guard (`worker
 decides whether it is sent or the template is. One message at a time, so each latency is one reply's.
 
 What is counted, per backend and language, on the writer's raw replies (before the guard): in the customer's
-language; keeping every key fact of the policy (automatic: `prompts.missing_facts`, the facts listed in
-workers/domains/ecommerce/policies.json); empty (the time budget ran out, or nothing came back). Sent answers are
-always in the right language and keep every fact: a reply that fails either is replaced by the template and counted
-as a fallback, with its reason. Every fallback is listed.
+language; keeping every key fact of the policy where it belongs (automatic: `prompts.missing_facts` and
+`prompts.misplaced_facts`, the facts and their `near` words listed in workers/domains/ecommerce/policies.json); holding
+a number neither the policy nor the customer gave (`prompts.invented_numbers`); empty (the time budget ran out, or
+nothing came back). Sent answers pass every check: a reply that fails one is replaced by the template and counted as
+a fallback, with its reason. Every fallback is listed with what the guard found.
 """
 
 from __future__ import annotations
@@ -24,15 +25,24 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from bench.common import write_section
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
 from workers.domains import load_domain
 from workers.model import Item, checked_predict
-from workers.models.generator import GeneratedAnswers, unsendable
+from workers.models.generator import GeneratedAnswers, grounding, unsendable
 from workers.models.llama import LlamaCppGenerator
-from workers.models.prompts import SENTENCE_END, in_language, missing_facts
+from workers.models.prompts import (
+    SENTENCE_END,
+    GenerationRequest,
+    StreamingGenerator,
+    in_language,
+    invented_numbers,
+    misplaced_facts,
+    missing_facts,
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,9 @@ class Reply:
     predicted: str
     text: str
     reason: str | None  # why the guard would not send it; None: sent
-    missing: list[str]
+    missing: list[str]  # the key facts dropped, by their first spelling
+    misplaced: list[str]  # the key facts stated about something else
+    invented: list[str]  # numbers neither the policy nor the customer gave
     seconds: float
     first_sentence_s: float | None  # until the streamed reply held its first whole sentence (streaming writers)
 
@@ -72,13 +84,21 @@ def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: in
             if not first and SENTENCE_END.search(so_far):
                 first.append(time.perf_counter() - t0)
 
-        text = (gen.generate([req], on_text=on_text) if streams else gen.generate([req]))[0]
+        text = (cast(StreamingGenerator, gen).generate([req], on_text=on_text) if streams
+                else gen.generate([req]))[0]
         took = time.perf_counter() - t0
         reason = unsendable(text, req)
-        missing = [req.facts[i][0] for i in missing_facts(text, req.facts)] if text.strip() else []
-        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, took,
-                         first[0] if first else None))
+        missing, misplaced, invented = found(text, req) if text.strip() else ([], [], [])
+        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, misplaced, invented,
+                         took, first[0] if first else None))
     return out
+
+
+def found(text: str, req: GenerationRequest) -> tuple[list[str], list[str], list[str]]:
+    """What the guard finds in a reply: (facts dropped, facts misplaced, numbers invented)."""
+    return ([req.facts[i].spellings[0] for i in missing_facts(text, req.facts)],
+            [req.facts[i].spellings[0] for i in misplaced_facts(text, req.facts)],
+            invented_numbers(text, grounding(req)))
 
 
 def _p(values: Sequence[float], q: float) -> float:
@@ -94,7 +114,8 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
             continue
         nonempty = [r for r in rs if r.text.strip()]
         right_lang = sum(in_language(r.text, r.lang) for r in nonempty)
-        facts = sum(not r.missing for r in nonempty)
+        facts = sum(not r.missing and not r.misplaced for r in nonempty)
+        invented = sum(bool(r.invented) for r in nonempty)
         reasons = Counter(r.reason for r in rs if r.reason)
         secs = [r.seconds for r in rs]
         firsts = [r.first_sentence_s for r in rs if r.first_sentence_s is not None]
@@ -102,10 +123,17 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
         lines.append(
             f"| {backend} | {lang} | {len(rs)} | {sum(r.predicted == r.intent for r in rs) / len(rs):.0%} | "
             f"{len(rs) - len(nonempty)} | {right_lang / max(1, len(nonempty)):.0%} | "
-            f"{facts / max(1, len(nonempty)):.0%} | {sum(r.reason is None for r in rs) / len(rs):.0%} | "
+            f"{facts / max(1, len(nonempty)):.0%} | {invented} | {sum(r.reason is None for r in rs) / len(rs):.0%} | "
             f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} | {first} | "
             f"{statistics.median(secs):.1f} s | {_p(secs, 0.95):.1f} s |")
     return lines
+
+
+def problems(r: Reply) -> str:
+    """The guard's findings on one reply, for the fallbacks table."""
+    parts = [*(f"dropped {f}" for f in r.missing), *(f"{f} said of something else" for f in r.misplaced),
+             *(f"made up {n}" for n in r.invented)]
+    return "; ".join(parts) or "-"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,9 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     messages = [r for r in rows if r["lang"] == "en"][:half] + [r for r in rows if r["lang"] == "zh"][:half]
     n_en = sum(r["lang"] == "en" for r in messages)  # the check set may hold fewer than n/2 of a language
     lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
-             "raw replies keeping every key fact | sent as written | fallbacks (reason) | first sentence p50 / p95 | "
-             "whole reply p50 | p95 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "raw replies keeping every key fact where it belongs | raw replies with a made-up number | "
+             "sent as written | fallbacks (reason) | first sentence p50 / p95 | whole reply p50 | p95 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     failures: list[str] = []
     samples: list[str] = []
     for backend in [b.strip() for b in args.backend.split(",") if b.strip()]:
@@ -146,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in replies:
             if r.reason:
                 failures.append(f"| {backend} | {r.rid} | {r.lang} | {r.predicted} | {r.reason} | "
-                                f"{', '.join(r.missing) or '-'} | {' '.join(r.text.split())[:90] or '(empty)'} |")
+                                f"{problems(r)} | {' '.join(r.text.split())[:90] or '(empty)'} |")
         samples += [f"- {backend}, {r.rid} ({r.lang}, {r.predicted}): {' '.join(r.text.split())}"
                     for r in replies[:: max(1, len(replies) // 4)][:4] if r.reason is None]
     body = "\n".join([
@@ -159,10 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"until the streamed reply held its first whole sentence (what a chat widget shows first); load average "
         f"{os.getloadavg()[0]:.1f} at the end.",
         "", *lines, "",
-        "Sent answers are all in the customer's language and keep every key fact: the guard sends the template "
-        "otherwise (the fallbacks column).", "",
-        "Fallbacks, each (the facts a reply dropped are given by their first spelling):", "",
-        "| backend | message | lang | intent | reason | missing facts | reply (start) |",
+        "Sent answers are all in the customer's language, keep every key fact in a sentence about what the policy "
+        "says it is about (a fact's `near` words in workers/domains/ecommerce/policies.json) and hold no number "
+        "that neither the policy nor the customer gave: the guard sends the template otherwise (the fallbacks "
+        "column).", "",
+        "Fallbacks, each (facts by their first spelling):", "",
+        "| backend | message | lang | intent | reason | what the guard found | reply (start) |",
         "|---|---|---|---|---|---|---|",
         *(failures or ["| - | - | - | - | - | - | - |"]), "",
         "Some replies that were sent:", "", *samples,

@@ -17,15 +17,16 @@ A pack is a directory holding `domain.json`:
 ```
 
 Paths are relative to the pack. `answers` is the answer book: `{"fallback": {en, zh}, "intents": {intent: {en, zh,
-"facts": [{en: [...], zh: [...]}, ...]}}}`; the light tier sends an intent's text as it is, the heavy tier's writer
-grounds its reply in it and must keep its facts. `fallback` is also the holding message of a request handed over to a
-person. The `chitchat` intent (greetings, thanks, small talk) may add `"replies": {"thanks": {en, zh}, "bye": {en,
-zh}}`, picked by what the message says. `train` are `text,category` CSVs; `out_of_scope` and `chitchat` CSVs or
-JSONLs whose every text is none of the pack's business, or small talk (trained as the `oos` and `chitchat` classes,
-whatever their rows' category; a JSONL's lines, in other languages, train only the multilingual head); `test` is a
-CSV held out, `multilingual` a JSONL of `{text, category}` in other languages, `check` an optional JSONL `{text,
-lang, intent, also?}` never trained on. The trained artefacts live in the pack's `artifacts/` (`tierflow train
---domain` writes there).
+"facts": [{en: [...], zh: [...], near?: {en: [...], zh: [...]}}, ...]}}}`; the light tier sends an intent's text as it
+is, the heavy tier's writer grounds its reply in it and must keep its facts (a fact's `near` words: one of them must
+stand in the sentence that states it, so that "24 hours" stays about what the policy says it is about). `fallback` is
+also the holding message of a request handed over to a person. The `chitchat` intent (greetings, thanks, small talk) may
+add `"replies": {"thanks": {en, zh}, "bye": {en, zh}}`, picked by what the message says. `train` are `text,category`
+CSVs; `out_of_scope` and `chitchat` CSVs or JSONLs whose every text is none of the pack's business, or small talk
+(trained as the `oos` and `chitchat` classes, whatever their rows' category; a JSONL's lines, in other languages, train
+only the multilingual head); `test` is a CSV held out, `multilingual` a JSONL of `{text, category}` in other languages,
+`check` an optional JSONL `{text, lang, intent, also?}` never trained on. The trained artefacts live in the pack's
+`artifacts/` (`tierflow train --domain` writes there).
 
 `ecommerce` (the design article's shop, the default) and `banking` (BANKING77, the accuracy benchmark) are built in;
 `TIERFLOW_DOMAIN=/path/to/pack` serves a user's own pack, no code needed.
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
+from workers.models.prompts import Fact
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 BUILTIN = ("ecommerce", "banking")
@@ -52,7 +54,7 @@ LANGUAGES = ("en", "zh")
 CHITCHAT = "chitchat"
 OUT_OF_SCOPE = "oos"
 
-Facts = tuple[tuple[str, ...], ...]
+Facts = tuple[Fact, ...]
 _SHAPE = ('expected a directory with domain.json {"name", "answers", "train": [CSV, ...], ...}; '
           f"built in: {', '.join(BUILTIN)}")
 
@@ -121,7 +123,8 @@ class AnswerBook:
         """The key facts of `intent`'s answer, each as its accepted spellings in `lang`."""
         key = _lang_key(lang)
         entry = self.intents.get(intent) or {}
-        return tuple(tuple(str(s) for s in f[key]) for f in entry.get("facts", ()))
+        return tuple(Fact(tuple(str(s) for s in f[key]), tuple(str(w) for w in f.get("near", {}).get(key, ())))
+                     for f in entry.get("facts", ()))
 
     def known(self) -> frozenset[str]:
         """Every intent that has an answer."""
@@ -137,9 +140,20 @@ class AnswerBook:
             for lang in LANGUAGES:
                 if not isinstance(entry.get(lang), str) or not entry[lang].strip():
                     raise ValueError(f"answers: intent {intent!r} has no {lang!r} text")
+            for i, fact in enumerate(entry.get("facts", ())):
+                near = fact.get("near", {}) if isinstance(fact, dict) else None
+                if not isinstance(near, dict) or not all(
+                        _strings(fact.get(lang)) and fact[lang] and _strings(near.get(lang, [])) for lang in LANGUAGES):
+                    raise ValueError(f"answers: intent {intent!r} fact {i}: expected {{\"en\": [spelling, ...], "
+                                     f"\"zh\": [...], \"near\"?: {{\"en\": [word, ...], \"zh\": [...]}}}}")
         if not all(isinstance(fallback.get(lang), str) for lang in LANGUAGES):
             raise ValueError("answers: fallback needs 'en' and 'zh' texts")
         return cls(intents, fallback)
+
+
+def _strings(v: object) -> bool:
+    """A list of non-empty strings."""
+    return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
 
 
 @dataclass(frozen=True)

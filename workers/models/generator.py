@@ -37,6 +37,8 @@ from workers.models.prompts import (
     StreamingGenerator,
     build_messages,
     in_language,
+    invented_numbers,
+    misplaced_facts,
     missing_facts,
     tidy,
 )
@@ -306,15 +308,28 @@ class SentenceDrafts:
 
 def unsendable(text: str, req: GenerationRequest) -> str | None:
     """Why a generated reply may not be sent in place of the template (None: it may): "empty" (nothing, or the
-    generator ran out of time: a timeout returns ""), "language" (not in the customer's language) or
-    "missing_facts" (drops one of the policy's key facts)."""
+    generator ran out of time: a timeout returns ""), "language" (not in the customer's language),
+    "invented_number" (a number that neither the policy nor the customer gave: a made-up price or date),
+    "misplaced_fact" (a key fact stated about something else: the parcel arrives within 24 hours, where tracking
+    starts within 24 hours) or "missing_facts" (drops one of the policy's key facts)."""
     if not text.strip():
         return "empty"
     if not in_language(text, req.lang):
         return "language"
+    if invented_numbers(text, grounding(req)):
+        return "invented_number"
+    if misplaced_facts(text, req.facts):
+        return "misplaced_fact"
     if missing_facts(text, req.facts):
         return "missing_facts"
     return None
+
+
+def grounding(req: GenerationRequest) -> list[str]:
+    """What a reply to `req` may take its numbers from: the policies and their key facts, the customer's words (this
+    turn's and the conversation's, our earlier answers too) and the details they gave."""
+    return [req.reference, req.also, *(s for f in req.facts for s in f.spellings), req.text,
+            *(t for turn in req.history for t in turn), *(v for _, v in req.slots)]
 
 
 def with_generator(classifier: InferenceModel, generator: Generator, domain: Domain | None = None) -> InferenceModel:

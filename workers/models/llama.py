@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pipeline.errors import ConfigError
 from workers.devices import resolve_device
 from workers.models.generator import GenerationStats
-from workers.models.prompts import GenerationRequest, build_messages, in_language, missing_facts, tidy
+from workers.models.prompts import Fact, GenerationRequest, build_messages, in_language, missing_facts, tidy
 
 log = logging.getLogger(__name__)
 
@@ -353,10 +353,11 @@ class LlamaCppGenerator:
 _EN_POLICY = ("Electronics have a 1-year warranty from delivery. Faults are repaired free of charge; accidental "
               "damage such as a cracked screen is a paid repair. If you have lost the paper invoice, the electronic "
               "invoice in My Orders serves as proof of purchase.")
-_EN_FACTS = (("1-year", "one-year", "1 year"), ("paid repair",), ("electronic invoice",))
+_EN_FACTS = (Fact(("1-year", "one-year", "1 year"), ("warrant",)), Fact(("paid repair",)),
+             Fact(("electronic invoice",)))
 _ZH_POLICY = ("电子产品自签收起享受一年保修。质量问题免费维修；屏幕碎裂等意外损坏属于付费维修。"
               "如果纸质发票丢失，“我的订单”中的电子发票可以作为购买凭证。")
-_ZH_FACTS = (("一年", "1年"), ("付费维修",), ("电子发票",))
+_ZH_FACTS = (Fact(("一年", "1年"), ("保修",)), Fact(("付费维修",)), Fact(("电子发票",)))
 SAMPLES = [
     GenerationRequest("My phone screen cracked and I lost the invoice, is it still under warranty?", "en",
                       "warranty_repair", _EN_POLICY, _EN_FACTS),
@@ -399,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for req, text, r in zip(SAMPLES, texts, replies, strict=True):
         decode_s = r.seconds - (r.first_token_s or 0.0)
         rate = (r.new_tokens - 1) / decode_s if decode_s > 0 and r.new_tokens > 1 else 0.0
-        missing = [req.facts[i][0] for i in missing_facts(text, req.facts)]
+        missing = [req.facts[i].spellings[0] for i in missing_facts(text, req.facts)]
         print(f"\n[{req.lang}] {req.text}\n  -> {text}\n  {r.outcome}: prompt {r.prompt_tokens} tok, "
               f"first token {r.first_token_s or 0:.2f}s, {r.new_tokens} tok in {r.seconds:.2f}s "
               f"(decode {rate:.1f} tok/s); in {req.lang}: {in_language(text, req.lang)}; "

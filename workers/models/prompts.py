@@ -8,7 +8,8 @@ each other.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -31,6 +32,19 @@ SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[。！？]")
 
 
 @dataclass(frozen=True, slots=True)
+class Fact:
+    """A key fact of a policy that a written reply must keep, in the reply's language.
+
+    `spellings`: any one of them kept is the fact kept. `near`: where a bare number could be bent to mean something
+    else ("within 24 hours" of the parcel arriving, where the policy says tracking starts within 24 hours), words
+    one of which must stand in the same sentence as the spelling; empty: anywhere will do.
+    """
+
+    spellings: tuple[str, ...]
+    near: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What the generator needs to word one answer."""
 
@@ -40,7 +54,7 @@ class GenerationRequest:
     reference: str = ""  # the template answer (or the policy) for the intent, as grounding
     # The key facts a reply must keep (days, amounts, where to click), each as its spellings in `lang`: a reply
     # that drops one is not sent (`missing_facts`).
-    facts: tuple[tuple[str, ...], ...] = ()
+    facts: tuple[Fact, ...] = ()
     business: str = "a shop"  # who the customer writes to (the domain pack's `business`)
     also: str = ""  # the policy of a second intent the message raises ("screen cracked, invoice lost"), if any
     # The conversation so far: (what the customer wrote, what we answered) per earlier turn, oldest first, and the
@@ -106,7 +120,7 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
         user += f"The message also raises this; our policy: {req.also}\n"
     if req.facts:
         user += "Your reply must contain each of these, exactly as written: " + \
-            ", ".join(f'"{spellings[0]}"' for spellings in req.facts if spellings) + "\n"
+            ", ".join(f'"{f.spellings[0]}"' for f in req.facts if f.spellings) + "\n"
     user += f"Write a short, helpful reply to the customer in {language}."
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -148,7 +162,50 @@ def _folded(text: str) -> str:
     return re.sub(r"[\s\-\u2010-\u2015]+", "", text).casefold()
 
 
-def missing_facts(reply: str, facts: Sequence[Sequence[str]]) -> list[int]:
+def _sentences(text: str) -> list[str]:
+    starts = [0, *(m.end() for m in SENTENCE_END.finditer(text))]
+    return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True) if text[a:b].strip()]
+
+
+def _kept_in(text: str, fact: Fact) -> bool:
+    got = _folded(text)
+    return any(_folded(s) in got for s in fact.spellings)
+
+
+def missing_facts(reply: str, facts: Sequence[Fact]) -> list[int]:
     """The indexes of the facts `reply` does not keep: a fact is kept when any of its spellings appears in it."""
-    got = _folded(reply)
-    return [i for i, spellings in enumerate(facts) if not any(_folded(s) in got for s in spellings)]
+    return [i for i, f in enumerate(facts) if not _kept_in(reply, f)]
+
+
+def misplaced_facts(reply: str, facts: Sequence[Fact]) -> list[int]:
+    """The indexes of the facts `reply` states about something else: a spelling is there, but in no sentence with
+    one of the fact's `near` words ("您的包裹将在24小时内送达" for "发货后24小时内会更新物流信息")."""
+    out = []
+    for i, f in enumerate(facts):
+        if not f.near or not _kept_in(reply, f):
+            continue
+        if not any(_kept_in(s, f) and any(_folded(w) in _folded(s) for w in f.near) for s in _sentences(reply)):
+            out.append(i)
+    return out
+
+
+# A number: digits with the separators of amounts, decimals and times ("2,000", "120.00", "8:00"); a list marker
+# ("1. ", "2) ") at a line's start is not one.
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+_LIST_MARKER = re.compile(r"(?m)^\s*\d{1,2}[.)]\s")
+
+
+def _numbers(text: str) -> set[str]:
+    text = _LIST_MARKER.sub(" ", unicodedata.normalize("NFKC", text))  # full-width digits are digits
+    return {m.group().replace(",", "") for m in _NUMBER.finditer(text)}
+
+
+def invented_numbers(reply: str, grounding: Iterable[str]) -> list[str]:
+    """The numbers in `reply` found in none of `grounding` (the policy, the customer's words): a price, a date or
+    an order number the writer made up. A grounded "8:00" or "¥2,000" allows its parts ("8", "2000") too.
+    Chinese numerals (两, 一年) are not read: the key facts cover those the policies state."""
+    allowed: set[str] = set()
+    for g in grounding:
+        for n in _numbers(g):
+            allowed |= {n, *re.split(r"[.:]", n)}
+    return sorted(_numbers(reply) - allowed)

@@ -7,16 +7,18 @@ import csv
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.contracts.topics import Tier
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
-from workers.domains import about_order, load_domain, order_id
+from workers.domains import AnswerBook, about_order, load_domain, order_id
 from workers.model import Item
 from workers.models.charngram import CharNgramClassifier
 from workers.models.common import domain_artifacts
+from workers.models.prompts import Fact
 from workers.training.config import TrainConfig
 from workers.training.run import main as train_main
 from workers.training.run import train
@@ -32,10 +34,24 @@ def test_the_built_in_packs_load_with_their_answers_and_facts() -> None:
     assert "1-year" in shop.answers.answer("warranty_repair", "en")
     assert CJK.search(shop.answers.answer("warranty_repair", "zh-CN"))
     facts = shop.answers.facts("warranty_repair", "zh")
-    assert ("付费维修",) in facts and all(CJK.search(f[0]) for f in facts)
+    assert Fact(("付费维修",)) in facts and all(CJK.search(f.spellings[0]) for f in facts)
+    assert Fact(("一年", "1年", "12个月"), ("保修", "质保")) in facts  # "1-year" is about the warranty
     assert "online shop" in shop.business_of("en") and CJK.search(shop.business_of("zh"))
     assert shop.check is not None and shop.test is not None and len(shop.train) == 2
     assert shop.builtin and (shop.artifacts / "LATEST").is_file()
+
+
+@pytest.mark.parametrize("fact", [{"en": ["24 hours"]}, {"en": [], "zh": ["24小时"]},
+                                  {"en": ["24 hours"], "zh": ["24小时"], "near": ["track"]},
+                                  {"en": ["24 hours"], "zh": ["24小时"], "near": {"en": "track"}}])
+def test_a_malformed_key_fact_is_one_line_naming_what_is_expected(tmp_path: Path, fact: dict[str, Any]) -> None:
+    book = {"fallback": {"en": "Later.", "zh": "稍后。"},
+            "intents": {"track_order": {"en": "Track it.", "zh": "查询物流。", "facts": [fact]}}}
+    (tmp_path / "answers.json").write_text(json.dumps(book), encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        AnswerBook.read(tmp_path / "answers.json")
+    msg = str(e.value)
+    assert "\n" not in msg and "'track_order' fact 0" in msg and '"near"?' in msg, msg
 
 
 @pytest.mark.parametrize("spec", ["no-such-pack", "/nonexistent/dir"])

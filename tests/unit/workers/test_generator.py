@@ -19,10 +19,26 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
-from workers.domains import AnswerBook, Domain
+from workers.domains import AnswerBook, Domain, load_domain
 from workers.model import Item, Prediction
-from workers.models.generator import CausalLMGenerator, GeneratedAnswers, smollm2_gguf, with_generator
-from workers.models.prompts import GenerationRequest, build_messages, in_language, missing_facts, tidy
+from workers.models.generator import (
+    CausalLMGenerator,
+    GeneratedAnswers,
+    grounding,
+    smollm2_gguf,
+    unsendable,
+    with_generator,
+)
+from workers.models.prompts import (
+    Fact,
+    GenerationRequest,
+    build_messages,
+    in_language,
+    invented_numbers,
+    misplaced_facts,
+    missing_facts,
+    tidy,
+)
 from workers.models.registry import generator_from_settings
 
 CHAT_TEMPLATE = (
@@ -270,11 +286,58 @@ def test_a_reply_is_in_the_language_it_was_asked_for(text: str, lang: str, ok: b
 
 
 def test_missing_facts_tolerates_spacing_case_and_dashes_but_not_a_dropped_fact() -> None:
-    facts = (("1-year", "one year"), ("paid repair",), ("My Orders",))
+    facts = (Fact(("1-year", "one year")), Fact(("paid repair",)), Fact(("My Orders",)))
     assert missing_facts("It has a 1 year warranty; a cracked screen is a Paid  Repair. Open my orders.", facts) == []
     assert missing_facts("It has a one‑year warranty. Open My Orders > Repair.", facts) == [1]
-    assert missing_facts("屏幕碎裂属于付费维修，保修期30 天。", (("付费维修",), ("30天",))) == []
+    assert missing_facts("屏幕碎裂属于付费维修，保修期30 天。", (Fact(("付费维修",)), Fact(("30天",)))) == []
     assert missing_facts("anything", ()) == []
+
+
+def test_a_fact_said_of_something_else_is_misplaced() -> None:
+    """The user check's Chinese reply kept "24小时" but said the parcel arrives in 24 hours; the policy says tracking
+    starts within 24 hours of shipping."""
+    tracking = (Fact(("24小时", "24 小时"), ("物流", "跟踪")),)
+    assert misplaced_facts("您好，您的包裹将在24小时内送达。", tracking) == [0]
+    assert misplaced_facts("发货后24小时内会更新物流信息。请耐心等待。", tracking) == []
+    assert misplaced_facts("请耐心等待。物流信息会在 24 小时内更新。", tracking) == []  # any sentence of the reply
+    assert misplaced_facts("请耐心等待。", tracking) == []  # dropped, not misplaced: missing_facts says so
+    en = (Fact(("24 hours",), ("track",)),)
+    assert misplaced_facts("Your parcel arrives within 24 hours. Track it in My Orders.", en) == [0]
+    assert misplaced_facts("Tracking starts within 24 hours of shipping.", en) == []
+    assert misplaced_facts("Anything within 24 hours.", (Fact(("24 hours",)),)) == []  # no near words: anywhere
+
+
+def test_a_number_neither_the_policy_nor_the_customer_gave_is_invented() -> None:
+    policy = "We accept cash on delivery for orders under ¥2,000. Chat with us from 8:00 to 22:00."
+    assert invented_numbers("The phone costs $120.00, including VAT.", [policy]) == ["120.00"]
+    assert invented_numbers("Cash on delivery works under ¥2000; we are there from 8 to 22:00.", [policy]) == []
+    assert invented_numbers("订单金额低于２０００元时可以货到付款。", [policy]) == []  # full-width digits are digits
+    assert invented_numbers("1. Open the app\n2. Press Chat from 8:00.", [policy]) == []  # list markers
+    assert invented_numbers("Your order 58213 ships in 3 days.", [policy, "where is order 58213?"]) == ["3"]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_every_shop_policy_keeps_its_own_facts_where_they_belong(lang: str) -> None:
+    """The guard must pass the policy text itself: a `near` word that its own sentence lacks would turn every
+    faithful reply into a fallback."""
+    book = load_domain("ecommerce").answers
+    for intent in book.known():
+        text, facts = book.answer(intent, lang), book.facts(intent, lang)
+        req = GenerationRequest("?", lang, intent, text, facts)
+        assert unsendable(text, req) is None, (intent, missing_facts(text, facts), misplaced_facts(text, facts),
+                                                invented_numbers(text, grounding(req)))
+
+
+def test_the_guard_s_reasons_in_order() -> None:
+    req = GenerationRequest("where is my parcel?", "en", "track_order",
+                            "Track your parcel in My Orders. Tracking starts within 24 hours of shipping.",
+                            (Fact(("My Orders",)), Fact(("24 hours",), ("track",))))
+    assert unsendable("", req) == "empty"
+    assert unsendable("您的包裹已发货。", req) == "language"
+    assert unsendable("It arrives on 12 May; track it in My Orders within 24 hours.", req) == "invented_number"
+    assert unsendable("It arrives within 24 hours. See My Orders.", req) == "misplaced_fact"
+    assert unsendable("Open My Orders to see it.", req) == "missing_facts"
+    assert unsendable("Open My Orders: tracking starts within 24 hours of shipping.", req) is None
 
 
 def test_a_reply_that_drops_a_policy_fact_falls_back_to_the_template() -> None:
@@ -285,7 +348,7 @@ def test_a_reply_that_drops_a_policy_fact_falls_back_to_the_template() -> None:
     assert preds[0].fallback is None
     assert preds[1].answer == "template:declined_card_payment:en" and preds[1].model == "kw"
     assert preds[1].fallback == "missing_facts"
-    assert gen.seen[0].facts == (("30 days", "thirty days"),)
+    assert gen.seen[0].facts == (Fact(("30 days", "thirty days")),)
     assert gen.seen[0].business == "a test shop"
 
 

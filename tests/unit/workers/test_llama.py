@@ -16,14 +16,14 @@ import pytest
 
 from pipeline.errors import ConfigError
 from workers.models.llama import LlamaCppGenerator, assemble, gpu_backend, qwen_gguf, verified
-from workers.models.prompts import GenerationRequest, Generator, in_language, missing_facts
+from workers.models.prompts import Fact, GenerationRequest, Generator, in_language, missing_facts
 
 EN_POLICY = "Unworn items can be returned within 30 days of delivery for a full refund."
 ZH_POLICY = "未穿过的商品可在签收后30天内退货并全额退款。"
 EN = GenerationRequest("Can I still return the shoes I bought two weeks ago? I never wore them.", "en",
-                       "return_policy", EN_POLICY, (("30 days", "30-day", "thirty days"),))
+                       "return_policy", EN_POLICY, (Fact(("30 days", "30-day", "thirty days")),))
 ZH = GenerationRequest("我两周前买的鞋子还没穿过，还能退货吗？", "zh", "return_policy", ZH_POLICY,
-                       (("30天", "三十天"),))
+                       (Fact(("30天", "三十天")),))
 
 
 def _parts(tmp_path: Path, chunks: list[bytes]) -> list[Path]:
