@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from collections import Counter
@@ -58,15 +59,17 @@ class Reply:
     invented: list[str]  # numbers neither the policy nor the customer gave
     seconds: float
     first_sentence_s: float | None  # until the streamed reply held its first whole sentence (streaming writers)
+    prompt_tokens: int = 0  # llama.cpp's count (0: another backend)
+    cached_tokens: int = 0  # of them, taken from the prompt cache instead of prefilled
 
 
 def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: int, timeout_s: float,
-            threads: int) -> list[Reply]:
+            threads: int, cache_mib: int) -> list[Reply]:
     """Each message through the heavy classifier and `backend`'s writer, one at a time."""
     from workers.models.registry import generator_from_settings, tier_model
 
     s = Settings(domain="ecommerce", heavy_generator=backend, generator_max_new_tokens=max_new_tokens,
-                 generator_timeout_s=timeout_s, generator_threads=threads)
+                 generator_timeout_s=timeout_s, generator_threads=threads, generator_cache_mib=cache_mib)
     classifier = tier_model(s.updated(heavy_generator=None), Tier.HEAVY)
     gen = generator_from_settings(s)
     model = GeneratedAnswers(classifier, gen, load_domain("ecommerce"))
@@ -89,8 +92,10 @@ def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: in
         took = time.perf_counter() - t0
         reason = unsendable(text, req)
         missing, misplaced, invented = found(text, req) if text.strip() else ([], [], [])
+        timing = gen.last_replies[0] if isinstance(gen, LlamaCppGenerator) and gen.last_replies else None
         out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, misplaced, invented,
-                         took, first[0] if first else None))
+                         took, first[0] if first else None, timing.prompt_tokens if timing else 0,
+                         timing.cached_tokens if timing else 0))
     return out
 
 
@@ -118,6 +123,9 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
         invented = sum(bool(r.invented) for r in nonempty)
         reasons = Counter(r.reason for r in rs if r.reason)
         secs = [r.seconds for r in rs]
+        prompts = [r for r in rs if r.prompt_tokens]
+        cached = (f"{statistics.median(r.cached_tokens for r in prompts):.0f} / "
+                  f"{statistics.median(r.prompt_tokens for r in prompts):.0f}") if prompts else "-"
         firsts = [r.first_sentence_s for r in rs if r.first_sentence_s is not None]
         first = f"{statistics.median(firsts):.1f} s / {_p(firsts, 0.95):.1f} s" if firsts else "-"
         lines.append(
@@ -125,7 +133,7 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
             f"{len(rs) - len(nonempty)} | {right_lang / max(1, len(nonempty)):.0%} | "
             f"{facts / max(1, len(nonempty)):.0%} | {invented} | {sum(r.reason is None for r in rs) / len(rs):.0%} | "
             f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} | {first} | "
-            f"{statistics.median(secs):.1f} s | {_p(secs, 0.95):.1f} s |")
+            f"{cached} | {statistics.median(secs):.1f} s | {_p(secs, 0.95):.1f} s |")
     return lines
 
 
@@ -145,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="the writer's CPU threads (default: the heavy worker's share of the core budget under "
                          "`tierflow up` on this machine, as the writer runs there: 1 on 2 cores)")
+    ap.add_argument("--cache-mib", default=None,
+                    help="the writer's prompt cache (TIERFLOW_GENERATOR_CACHE_MIB), a comma list to compare: 256,0")
     ap.add_argument("--write", action="store_true", help="write the section to BENCHMARKS.md")
     args = ap.parse_args(argv)
     if args.threads is None:
@@ -161,15 +171,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         r["id"] = f"check-{i:03d}"
     half = args.n // 2
     messages = [r for r in rows if r["lang"] == "en"][:half] + [r for r in rows if r["lang"] == "zh"][:half]
+    # In a fixed random order: the check set is sorted by intent, and real traffic is not; in its order, every other
+    # message would find its policy in the writer's prompt cache already.
+    random.Random(0).shuffle(messages)
     n_en = sum(r["lang"] == "en" for r in messages)  # the check set may hold fewer than n/2 of a language
     lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
              "raw replies keeping every key fact where it belongs | raw replies with a made-up number | "
-             "sent as written | fallbacks (reason) | first sentence p50 / p95 | whole reply p50 | p95 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "sent as written | fallbacks (reason) | first sentence p50 / p95 | prompt tokens from the cache / all "
+             "(medians) | whole reply p50 | p95 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     failures: list[str] = []
     samples: list[str] = []
-    for backend in [b.strip() for b in args.backend.split(",") if b.strip()]:
-        replies = measure(backend, messages, budget, timeout, args.threads)
+    caches = [int(c) for c in args.cache_mib.split(",")] if args.cache_mib else [defaults.cache_mib]
+    runs = [(b.strip(), c) for b in args.backend.split(",") if b.strip() for c in caches]
+    for b, cache in runs:
+        backend = b if len(caches) == 1 else f"{b}, prompt cache {cache} MiB"
+        replies = measure(b, messages, budget, timeout, args.threads, cache)
         lines += table(backend, replies)
         for r in replies:
             if r.reason:
@@ -179,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for r in replies[:: max(1, len(replies) // 4)][:4] if r.reason is None]
     body = "\n".join([
         f"Messages: {len(messages)} of the e-commerce check set ({n_en} English, {len(messages) - n_en} Chinese; "
-        f"never trained on), each as a heavy-routed message, one at a time, on the CPU with {args.threads} "
+        f"never trained on), in a fixed random order (seed 0), each as a heavy-routed message, one at a time, "
+        f"on the CPU with {args.threads} "
         f"thread{'s' if args.threads != 1 else ''}. Token budget "
         f"{budget}, time budget "
         f"{timeout:.0f} s per call (`TIERFLOW_GENERATOR_MAX_NEW_TOKENS`, `TIERFLOW_GENERATOR_TIMEOUT_S`). "

@@ -214,6 +214,9 @@ class GeneratorSection(Section):
     timeout_s: float = Field(30.0, gt=0, description="the writer's time budget per batch: replies not written by "
                              "then are sent as the template, marked fallback=true")
     threads: int | None = Field(None, ge=1, description="CPU threads of a local writer; unset: the runtime's default")
+    cache_mib: int = Field(256, ge=0, description="host memory for a local writer's prompt cache: the prefilled state "
+                           "of earlier prompts (~30 KB a token), so a prompt that starts like one of them (the same "
+                           "intent's policy) prefills only the rest; 0: only the last prompt is kept")
 
 
 class HttpSection(Section):

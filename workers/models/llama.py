@@ -248,16 +248,19 @@ class LlamaCppGenerator:
     streams = True  # generate(..., on_text=) hands out each reply as it is written (prompts.StreamingGenerator)
 
     def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
-                 threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048) -> None:
+                 threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048,
+                 cache_mib: int = 256) -> None:
         """`timeout_s`: the wall-clock budget of one `generate` call, in seconds; requests it does not reach get "".
         It is checked at every streamed token: a prompt's prefill in progress runs to its end first.
-        `threads`: llama.cpp's CPU threads, decode and prefill (None: llama.cpp's default, every core)."""
+        `threads`: llama.cpp's CPU threads, decode and prefill (None: llama.cpp's default, every core).
+        `cache_mib`: host memory for llama.cpp's prompt cache (0: only the last prompt's state, in the KV cache)."""
         self.gguf_path = Path(gguf_path)
         self.max_new_tokens = max_new_tokens
         self.name = name or self.gguf_path.stem
         self.threads = threads
         self.timeout_s = timeout_s
         self.n_ctx = n_ctx
+        self.cache_mib = cache_mib
         self.device = "cpu"
         self.load_seconds = 0.0
         self.last_stats: GenerationStats | None = None
@@ -282,6 +285,9 @@ class LlamaCppGenerator:
         params.model.path = str(self.gguf_path)
         params.n_ctx = self.n_ctx
         params.n_parallel = 1  # one sequence: its KV cache keeps the last prompt, whose prefix the next one reuses
+        # Earlier prompts' states in host memory (llama.cpp's default is 8 GiB): a prompt that starts like one of
+        # them (build_messages puts the intent's policy first) loads it and prefills only the customer's part.
+        params.cache_ram_mib = self.cache_mib
         params.n_gpu_layers = -1 if gpu else 0
         params.verbosity = -1  # llama.cpp's server logs every slot and request to stderr otherwise
         if self.threads:

@@ -154,7 +154,7 @@ def generator_from_settings(settings: Settings) -> Generator:
 
         path = qwen_gguf() if choice == "qwen" else choice
         return LlamaCppGenerator(path, g.max_new_tokens, name="qwen2.5-1.5b" if choice == "qwen" else None,
-                                 threads=g.threads or threads(), timeout_s=g.timeout_s)
+                                 threads=g.threads or threads(), timeout_s=g.timeout_s, cache_mib=g.cache_mib)
     from workers.models.generator import CausalLMGenerator, smollm2_gguf
 
     if choice == "smollm2":
