@@ -33,7 +33,7 @@ from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
 from workers.domains import load_domain
 from workers.model import Item, checked_predict
-from workers.models.generator import GeneratedAnswers, grounding, unsendable
+from workers.models.generator import GeneratedAnswers, grounding, guarded
 from workers.models.llama import LlamaCppGenerator
 from workers.models.prompts import (
     SENTENCE_END,
@@ -54,6 +54,8 @@ class Reply:
     predicted: str
     text: str
     reason: str | None  # why the guard would not send it; None: sent
+    trimmed: bool  # sent without its sentences that held a made-up number
+    sent: str  # what the customer got: the reply (trimmed), or the template's text when reason is set
     missing: list[str]  # the key facts dropped, by their first spelling
     misplaced: list[str]  # the key facts stated about something else
     invented: list[str]  # numbers neither the policy nor the customer gave
@@ -90,10 +92,12 @@ def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: in
         text = (cast(StreamingGenerator, gen).generate([req], on_text=on_text) if streams
                 else gen.generate([req]))[0]
         took = time.perf_counter() - t0
-        reason = unsendable(text, req)
+        sent, reason = guarded(text, req)
         missing, misplaced, invented = found(text, req) if text.strip() else ([], [], [])
         timing = gen.last_replies[0] if isinstance(gen, LlamaCppGenerator) and gen.last_replies else None
-        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason, missing, misplaced, invented,
+        out.append(Reply(m["id"], m["lang"], m["intent"], pred.intent, text, reason,
+                         reason is None and sent != text.strip(), sent if reason is None else pred.answer,
+                         missing, misplaced, invented,
                          took, first[0] if first else None, timing.prompt_tokens if timing else 0,
                          timing.cached_tokens if timing else 0))
     return out
@@ -131,7 +135,8 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
         lines.append(
             f"| {backend} | {lang} | {len(rs)} | {sum(r.predicted == r.intent for r in rs) / len(rs):.0%} | "
             f"{len(rs) - len(nonempty)} | {right_lang / max(1, len(nonempty)):.0%} | "
-            f"{facts / max(1, len(nonempty)):.0%} | {invented} | {sum(r.reason is None for r in rs) / len(rs):.0%} | "
+            f"{facts / max(1, len(nonempty)):.0%} | {invented} | "
+            f"{sum(r.reason is None for r in rs) / len(rs):.0%} ({sum(r.trimmed for r in rs)} trimmed) | "
             f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} | {first} | "
             f"{cached} | {statistics.median(secs):.1f} s | {_p(secs, 0.95):.1f} s |")
     return lines
@@ -177,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_en = sum(r["lang"] == "en" for r in messages)  # the check set may hold fewer than n/2 of a language
     lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
              "raw replies keeping every key fact where it belongs | raw replies with a made-up number | "
-             "sent as written | fallbacks (reason) | first sentence p50 / p95 | prompt tokens from the cache / all "
+             "sent as written (of them, trimmed of a made-up number) | fallbacks (reason) | "
+             "first sentence p50 / p95 | prompt tokens from the cache / all "
              "(medians) | whole reply p50 | p95 |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     failures: list[str] = []
@@ -192,8 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if r.reason:
                 failures.append(f"| {backend} | {r.rid} | {r.lang} | {r.predicted} | {r.reason} | "
                                 f"{problems(r)} | {' '.join(r.text.split())[:90] or '(empty)'} |")
-        samples += [f"- {backend}, {r.rid} ({r.lang}, {r.predicted}): {' '.join(r.text.split())}"
+        samples += [f"- {backend}, {r.rid} ({r.lang}, {r.predicted}): {' '.join(r.sent.split())}"
                     for r in replies[:: max(1, len(replies) // 4)][:4] if r.reason is None]
+        samples += [f"- {backend}, {r.rid} ({r.lang}, {r.predicted}), trimmed: wrote {' '.join(r.text.split())!r}, "
+                    f"sent {' '.join(r.sent.split())!r}" for r in replies if r.trimmed][:3]
     body = "\n".join([
         f"Messages: {len(messages)} of the e-commerce check set ({n_en} English, {len(messages) - n_en} Chinese; "
         f"never trained on), in a fixed random order (seed 0), each as a heavy-routed message, one at a time, "

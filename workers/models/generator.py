@@ -41,6 +41,7 @@ from workers.models.prompts import (
     misplaced_facts,
     missing_facts,
     tidy,
+    without_invented,
 )
 
 if TYPE_CHECKING:
@@ -282,9 +283,9 @@ class GeneratedAnswers:
         # heavy tier's SLO judges its decisions and the writer answers to its own budget (generator.timeout_s).
         write_ms = (time.perf_counter() - t0) * 1000.0
         for i, req, text in zip(todo, reqs, texts, strict=True):
-            reason = unsendable(text, req)
+            text, reason = guarded(text, req)
             if reason is None:
-                out[i] = replace(preds[i], answer=text.strip(), model=f"{preds[i].model}+{self.generator.name}",
+                out[i] = replace(preds[i], answer=text, model=f"{preds[i].model}+{self.generator.name}",
                                  write_ms=write_ms)
             else:
                 out[i] = replace(preds[i], fallback=reason, write_ms=write_ms)
@@ -323,6 +324,18 @@ def unsendable(text: str, req: GenerationRequest) -> str | None:
     if missing_facts(text, req.facts):
         return "missing_facts"
     return None
+
+
+def guarded(text: str, req: GenerationRequest) -> tuple[str, str | None]:
+    """(the reply to send, None), or (`text`, why the template goes out instead). A reply whose only fault is a
+    sentence with a made-up number is sent without that sentence when the rest passes every check (the writer's
+    words, none changed: an invented "order number 1234567890" ahead of a faithful answer)."""
+    reason = unsendable(text, req)
+    if reason == "invented_number":
+        rest = without_invented(text, grounding(req))
+        if unsendable(rest, req) is None:
+            return rest, None
+    return text.strip(), reason
 
 
 def grounding(req: GenerationRequest) -> list[str]:

@@ -25,6 +25,7 @@ from workers.models.generator import (
     CausalLMGenerator,
     GeneratedAnswers,
     grounding,
+    guarded,
     smollm2_gguf,
     unsendable,
     with_generator,
@@ -38,6 +39,7 @@ from workers.models.prompts import (
     misplaced_facts,
     missing_facts,
     tidy,
+    without_invented,
 )
 from workers.models.registry import generator_from_settings
 
@@ -342,6 +344,21 @@ def test_every_shop_policy_keeps_its_own_facts_where_they_belong(lang: str) -> N
         req = GenerationRequest("?", lang, intent, text, facts)
         assert unsendable(text, req) is None, (intent, missing_facts(text, facts), misplaced_facts(text, facts),
                                                 invented_numbers(text, grounding(req)))
+
+
+def test_a_made_up_order_number_ahead_of_a_faithful_answer_is_trimmed_not_sent() -> None:
+    """Seen on the check set: "您的订单号是1234567890。" before the policy's words; the rest is sent."""
+    policy = "包裹发货前，您可以在“我的订单”中修改收货地址。发货后，请在物流跟踪页面联系快递员改派。"
+    req = GenerationRequest("我想改地址", "zh", "change_shipping_address", policy,
+                            (Fact(("我的订单",)), Fact(("发货",))))
+    wrote = "好的，您的订单号是1234567890。请在“我的订单”中修改收货地址。发货后，请联系快递员改派。"
+    assert without_invented(wrote, grounding(req)) == "请在“我的订单”中修改收货地址。发货后，请联系快递员改派。"
+    assert guarded(wrote, req) == ("请在“我的订单”中修改收货地址。发货后，请联系快递员改派。", None)
+    # the made-up number's sentence held a key fact: what is left drops it, so the template goes out, saying why
+    assert guarded("您的订单1234567890可以在“我的订单”中修改。好的。", req)[1] == "invented_number"
+    en = GenerationRequest("complaint", "en", "complaint", "A supervisor replies within 24 hours.",
+                           (Fact(("24 hours",), ("repl",)),))
+    assert guarded("Order number: 1234567890 24 hours", en)[1] == "invented_number"
 
 
 def test_the_guard_s_reasons_in_order() -> None:
