@@ -105,16 +105,11 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
         "placeholders such as [Name]."
     )
     message = req.text.strip()[:MAX_MESSAGE_CHARS]
-    # What is the same for every message of an intent comes first: the writer's prompt cache (llama.cpp's, in host
-    # memory) then holds the system prompt and the policy already prefilled, and only this customer's part is new.
-    user = f"Topic: {req.intent.replace('_', ' ').rstrip('?')}\n"
-    if req.reference:
-        user += f"Our policy for this topic: {req.reference}\n"
-    if req.facts:
-        user += "Your reply must contain each of these, exactly as written: " + \
-            ", ".join(f'"{f.spellings[0]}"' for f in req.facts if f.spellings) + "\n"
-    if req.also:
-        user += f"The message also raises this; our policy: {req.also}\n"
+    # The customer's message comes before the policy, and the facts to keep come last, next to the reply. With the
+    # policy first (a longer prefix for the writer's prompt cache to reuse: 0.9x the whole reply's time) Qwen2.5-1.5B
+    # kept every fact in 60% of the check set's replies (48% with the facts first too) against 68% in this order
+    # (bench.generation, 2026-12-07); the cache still holds each language's system prompt.
+    user = ""
     if req.history:
         user += "Earlier in this conversation:\n" + "".join(
             f"Customer: {said[:MAX_TURN_CHARS]}\n" + (f"We answered: {ours[:MAX_TURN_CHARS]}\n" if ours else "")
@@ -122,7 +117,14 @@ def build_messages(req: GenerationRequest) -> list[dict[str, str]]:
     if req.slots:
         user += "Details the customer gave: " + "; ".join(f"{_SLOT_NAMES.get(k, k)} {v}" for k, v in req.slots) + \
             " (use them; never invent others)\n"
-    user += f"Customer message: {message}\n"
+    user += f"Customer message: {message}\nTopic: {req.intent.replace('_', ' ').rstrip('?')}\n"
+    if req.reference:
+        user += f"Our policy for this topic: {req.reference}\n"
+    if req.also:
+        user += f"The message also raises this; our policy: {req.also}\n"
+    if req.facts:
+        user += "Your reply must contain each of these, exactly as written: " + \
+            ", ".join(f'"{f.spellings[0]}"' for f in req.facts if f.spellings) + "\n"
     user += f"Write a short, helpful reply to the customer in {language}."
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 

@@ -145,20 +145,15 @@ def test_the_prompt_carries_intent_message_reference_and_language() -> None:
     assert [m["role"] for m in msgs] == ["system", "user"]
 
 
-def test_messages_of_one_intent_share_the_prompt_up_to_the_customer_s_part() -> None:
-    """The writer's prompt cache reuses the longest prefix it has seen: the policy and its facts must come before
-    anything that changes from one customer to the next."""
+def test_the_prompt_lists_the_facts_to_keep_last_next_to_the_reply() -> None:
+    """Measured on the check set: Qwen2.5-1.5B keeps more facts with the customer's message first, then the policy,
+    then the facts (68% of replies) than with the policy ahead of the message (60%, 48% with the facts there too)."""
     book = load_domain("ecommerce").answers
     policy, facts = book.answer("track_order", "zh"), book.facts("track_order", "zh")
-    a = GenerationRequest("我的包裹到哪了？", "zh", "track_order", policy, facts)
-    b = GenerationRequest("订单 58213 还没到", "zh", "track_order", policy, facts, history=(("你好", "您好！"),),
-                          slots=(("order_id", "58213"),))
-    pa, pb = (build_messages(r) for r in (a, b))
-    assert pa[0] == pb[0]
-    ua, ub = pa[1]["content"], pb[1]["content"]
-    shared = ua[:next((i for i, (x, y) in enumerate(zip(ua, ub, strict=False)) if x != y), min(len(ua), len(ub)))]
-    assert policy in shared and all(f.spellings[0] in shared for f in facts)
-    assert "58213" not in shared and "我的包裹" not in shared
+    user = build_messages(GenerationRequest("我的包裹到哪了？", "zh", "track_order", policy, facts))[1]["content"]
+    keep = 'exactly as written: "我的订单", "24小时"'
+    at = [user.index(x) for x in ("我的包裹到哪了", policy, keep, "Write a short")]
+    assert at == sorted(at), user
 
 
 @pytest.mark.parametrize(("raw", "want"), [
