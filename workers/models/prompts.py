@@ -8,7 +8,6 @@ each other.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -195,12 +194,16 @@ def misplaced_facts(reply: str, facts: Sequence[Fact]) -> list[int]:
 
 # A number: digits with the separators of amounts, decimals and times ("2,000", "120.00", "8:00"); a list marker
 # ("1. ", "2) ") at a line's start is not one.
-_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:[.:]\d+)*")
 _LIST_MARKER = re.compile(r"(?m)^\s*\d{1,2}[.)]\s")
 
 
+# Full-width digits are digits; a full-width comma stays a comma of the sentence ("1234567890，24小时" is two numbers).
+_FULL_WIDTH_DIGITS = {0xFF10 + i: str(i) for i in range(10)}
+
+
 def _numbers(text: str) -> set[str]:
-    text = _LIST_MARKER.sub(" ", unicodedata.normalize("NFKC", text))  # full-width digits are digits
+    text = _LIST_MARKER.sub(" ", text.translate(_FULL_WIDTH_DIGITS))
     return {m.group().replace(",", "") for m in _NUMBER.finditer(text)}
 
 

@@ -326,6 +326,9 @@ def test_a_number_neither_the_policy_nor_the_customer_gave_is_invented() -> None
     assert invented_numbers("Cash on delivery works under ¥2000; we are there from 8 to 22:00.", [policy]) == []
     assert invented_numbers("订单金额低于２０００元时可以货到付款。", [policy]) == []  # full-width digits are digits
     assert invented_numbers("1. Open the app\n2. Press Chat from 8:00.", [policy]) == []  # list markers
+    # a Chinese comma between two numbers does not join them; an English one between digit groups does
+    assert invented_numbers("您的订单号是1234567890，24小时内回复。", ["24小时内回复"]) == ["1234567890"]
+    assert invented_numbers("Orders under ¥2,000, 8:00 to 22:00.", [policy]) == []
     assert invented_numbers("Your order 58213 ships in 3 days.", [policy, "where is order 58213?"]) == ["3"]
 
 
