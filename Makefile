@@ -48,8 +48,9 @@ demo: $(WRITER_STAMP)
 # traffic paced in real time, so side by side they take little more than the longer one; for the same reason each
 # pass spreads its test files over XDIST processes (pytest-xdist; each its own broker and Redis). The tansu pass
 # prints when both are done (its whole log: .tierflow/test-tansu.log). Set TIERFLOW_TEST_BOOTSTRAP to run the first
-# pass on your own Kafka instead; XDIST= runs each pass in one process.
-XDIST ?= -n 2 --dist loadfile
+# pass on your own Kafka instead; XDIST= runs each pass in one process. A worker that crashes fails the pass instead of
+# being replaced: a replaced worker once left the tansu pass hung, controller and workers waiting on each other.
+XDIST ?= -n 2 --dist loadfile --max-worker-restart 0
 
 test: $(WRITER_STAMP) tools
 	@mkdir -p .tierflow
