@@ -165,9 +165,13 @@ def _folded(text: str) -> str:
     return re.sub(r"[\s\-\u2010-\u2015]+", "", text).casefold()
 
 
-def _sentences(text: str) -> list[str]:
-    starts = [0, *(m.end() for m in SENTENCE_END.finditer(text))]
+def _sentences(text: str, ends: re.Pattern[str] = SENTENCE_END) -> list[str]:
+    starts = [0, *(m.end() for m in ends.finditer(text))]
     return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True) if text[a:b].strip()]
+
+
+# A clause ends where a sentence does, or at a comma or semicolon ("1,000" is one number, not two clauses).
+_CLAUSE_END = re.compile(SENTENCE_END.pattern + r"|[，；;]|,(?=\s)")
 
 
 def _kept_in(text: str, fact: Fact) -> bool:
@@ -181,13 +185,15 @@ def missing_facts(reply: str, facts: Sequence[Fact]) -> list[int]:
 
 
 def misplaced_facts(reply: str, facts: Sequence[Fact]) -> list[int]:
-    """The indexes of the facts `reply` states about something else: a spelling is there, but in no sentence with
-    one of the fact's `near` words ("您的包裹将在24小时内送达" for "发货后24小时内会更新物流信息")."""
+    """The indexes of the facts `reply` states about something else: a spelling is there, but in no clause with
+    one of the fact's `near` words ("您的包裹将在24小时内送达" for "发货后24小时内会更新物流信息"; a clause, not a
+    sentence: "订单已在物流中查询，预计在24小时内会收到包裹" has 物流 in the sentence, not where the 24 hours are)."""
     out = []
     for i, f in enumerate(facts):
         if not f.near or not _kept_in(reply, f):
             continue
-        if not any(_kept_in(s, f) and any(_folded(w) in _folded(s) for w in f.near) for s in _sentences(reply)):
+        if not any(_kept_in(c, f) and any(_folded(w) in _folded(c) for w in f.near)
+                   for c in _sentences(reply, _CLAUSE_END)):
             out.append(i)
     return out
 

@@ -314,10 +314,15 @@ def test_a_fact_said_of_something_else_is_misplaced() -> None:
     assert misplaced_facts("发货后24小时内会更新物流信息。请耐心等待。", tracking) == []
     assert misplaced_facts("请耐心等待。物流信息会在 24 小时内更新。", tracking) == []  # any sentence of the reply
     assert misplaced_facts("请耐心等待。", tracking) == []  # dropped, not misplaced: missing_facts says so
+    # the user check after this change: 物流 in the sentence, but the 24 hours said of the parcel arriving
+    seen = "好的，您的订单 77120 已经在“我的订单 > 物流”中查询，预计在24小时内会收到包裹。"
+    assert misplaced_facts(seen, tracking) == [0]
     en = (Fact(("24 hours",), ("track",)),)
     assert misplaced_facts("Your parcel arrives within 24 hours. Track it in My Orders.", en) == [0]
     assert misplaced_facts("Tracking starts within 24 hours of shipping.", en) == []
     assert misplaced_facts("Anything within 24 hours.", (Fact(("24 hours",)),)) == []  # no near words: anywhere
+    assert misplaced_facts("Track it in My Orders, and it arrives within 24 hours.", en) == [0]
+    assert misplaced_facts("Orders over ¥2,000 get tracking within 24 hours.", en) == []  # "2,000" is no clause end
 
 
 def test_a_number_neither_the_policy_nor_the_customer_gave_is_invented() -> None:
