@@ -24,7 +24,7 @@ import orjson
 import pytest
 import redis
 
-from pipeline.adapters.heartbeats import fault_key, read_heartbeats
+from pipeline.adapters.heartbeats import fault_key, read_heartbeats, ready_agents
 from pipeline.adapters.kafka import make_producer, produce, topics_of
 from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.contracts.keys import Keys
@@ -302,9 +302,15 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
             stack.start_agent(f"worker-{tier}", "worker", "--tier", tier, env=ECHO)
         wait_ready(s, ["light", "heavy", "multimodal"])
         agent = agent_factory(s, **KNOBS)
+        # On a loaded box the agent may join after the slowdown began (a CI run's tansu pass: ingest's health check
+        # moved the traffic, the agent never saw enough of it to act): the slowdown waits for it to count traffic.
+        wait_for(lambda: "feedback" in ready_agents(r, s.redis.prefix), 60, "the feedback agent ready")
         answers = reader(s, topics_of(s).answers)
         with Live(s, "slow", 100, texts=SLOW_TEXTS) as live:
-            time.sleep(4)
+            counting = time.monotonic()
+            wait_for(lambda: (x := snapshot(r, s)) and x["agg"]["counters"]["observed"] >= 2 * KNOBS["min_results"],
+                     60, "the agent counting the live traffic")
+            time.sleep(max(0.0, 4 - (time.monotonic() - counting)))
             base_p95 = max(b["live_p95_ms"] for b in read_heartbeats(r, s.redis.prefix, "heavy"))
             inject = max(800.0, 10 * base_p95)
             start = time.time()

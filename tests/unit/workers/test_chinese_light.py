@@ -188,12 +188,11 @@ def test_the_shops_light_tier_reads_chinese_with_its_own_model(shop_light: ByScr
     assert (conf[~right] < 0.5).mean() >= 0.5
 
 
-def test_the_shops_chinese_light_model_costs_under_a_millisecond_a_message(shop_light: ByScript) -> None:
-    rows = _zh_check()
-    items = [Item(r["text"], "zh") for r in rows * 8][:512]
-    shop_light.predict(items[:32])
-    t0 = time.process_time()
-    for i in range(0, len(items), 32):  # worker-sized batches
-        shop_light.predict(items[i:i + 32])
-    per_msg = (time.process_time() - t0) / len(items)
-    assert per_msg < 1e-3, f"{per_msg * 1e3:.3f} ms of CPU a message"
+def test_the_shops_chinese_light_model_batches_answer_as_one_at_a_time(shop_light: ByScript) -> None:
+    """Worker-sized batches change the cost, never the answer."""
+    items = [Item(r["text"], "zh") for r in _zh_check()][:64]
+    batched = [p for i in range(0, len(items), 32) for p in shop_light.predict(items[i:i + 32])]
+    for it, b in zip(items, batched, strict=True):
+        (one,) = shop_light.predict([it])
+        assert (one.intent, one.answer) == (b.intent, b.answer)
+        assert one.confidence == pytest.approx(b.confidence, abs=1e-5)

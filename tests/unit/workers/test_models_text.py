@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -103,17 +102,15 @@ def test_one_prediction_per_item_with_probabilities(which: str, request: pytest.
     assert model.predict([]) == []
 
 
-def test_light_model_fast_path(light: CharNgramClassifier, test_sample: list[dict[str, str]]) -> None:
-    items = [Item(r["text"]) for r in test_sample[:256]]
-    light.predict(items)
-    t0 = time.perf_counter()
-    light.predict(items)
-    per_msg = (time.perf_counter() - t0) / len(items)
-    assert per_msg < 1e-3, f"{per_msg * 1e3:.3f} ms/msg batched"
-    t0 = time.perf_counter()
-    for it in items[:32]:
-        light.predict([it])
-    assert (time.perf_counter() - t0) / 32 < 2e-3
+def test_light_model_batches_answer_as_one_at_a_time(light: CharNgramClassifier,
+                                                     test_sample: list[dict[str, str]]) -> None:
+    """A micro-batch changes the cost, never the answer (the cost is bench.batching's: BENCHMARKS.md)."""
+    items = [Item(r["text"]) for r in test_sample[:64]]
+    batched = light.predict(items)
+    for it, b in zip(items, batched, strict=True):
+        (one,) = light.predict([it])
+        assert (one.intent, one.answer) == (b.intent, b.answer)
+        assert one.confidence == pytest.approx(b.confidence, abs=1e-5)
 
 
 def test_light_model_is_accurate_and_calibrated(light: CharNgramClassifier,
