@@ -32,6 +32,7 @@ from workers.domains import CHITCHAT
 from workers.model import InferenceModel, Item, Prediction, checked_predict
 from workers.models.prompts import (
     SENTENCE_END,
+    ZH_CLAUSE_END,
     GenerationRequest,
     Generator,
     StreamingGenerator,
@@ -332,9 +333,12 @@ def guarded(text: str, req: GenerationRequest) -> tuple[str, str | None]:
     words, none changed: an invented "order number 1234567890" ahead of a faithful answer)."""
     reason = unsendable(text, req)
     if reason == "invented_number":
-        rest = without_invented(text, grounding(req))
-        if unsendable(rest, req) is None:
-            return rest, None
+        ground = grounding(req)
+        # A Chinese sentence often runs on through commas: its clause goes when the whole sentence held a key fact.
+        for ends in (SENTENCE_END, ZH_CLAUSE_END) if req.lang == "zh" else (SENTENCE_END,):
+            rest = without_invented(text, ground, ends)
+            if unsendable(rest, req) is None:
+                return rest, None
     return text.strip(), reason
 
 

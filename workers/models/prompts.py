@@ -224,7 +224,19 @@ def invented_numbers(reply: str, grounding: Iterable[str]) -> list[str]:
     return sorted(_numbers(reply) - allowed)
 
 
-def without_invented(reply: str, grounding: Sequence[str]) -> str:
-    """`reply` less its sentences that hold a number neither the policy nor the customer gave
-    ("您的订单号是1234567890。" before a faithful answer): what is left is the writer's still, checked again."""
-    return "".join(x for x in _sentences(reply) if not invented_numbers(x, grounding)).strip()
+# A Chinese clause ends at a full-width comma or semicolon too; an English ", " does not here (an English clause
+# dropped leaves its sentence without a verb more often than not).
+ZH_CLAUSE_END = re.compile(SENTENCE_END.pattern + r"|[，；]")
+
+
+def without_invented(reply: str, grounding: Sequence[str], ends: re.Pattern[str] = SENTENCE_END) -> str:
+    """`reply` less its sentences (or, with `ZH_CLAUSE_END`, clauses) that hold a number neither the policy nor the
+    customer gave ("您的订单号是1234567890。" before a faithful answer): what is left is the writer's still, checked
+    again. A dropped clause that ended its sentence leaves the clause before it to end it."""
+    kept: list[str] = []
+    for x in _sentences(reply, ends):
+        if not invented_numbers(x, grounding):
+            kept.append(x)
+        elif kept and kept[-1].rstrip()[-1:] in ("，", "；") and SENTENCE_END.search(x.rstrip()[-1:]):
+            kept[-1] = kept[-1].rstrip()[:-1] + x.rstrip()[-1]
+    return "".join(kept).strip()

@@ -271,9 +271,8 @@ def test_packaged_smollm2_gguf_writes_a_reply(tmp_path: Path) -> None:
     # The exported safetensors directory is the same model: same greedy replies, faster load.
     fast = CausalLMGenerator.from_path(gen.export(tmp_path / "smollm2"), max_new_tokens=24)
     fast.setup("cpu")
-    print(f"exported: load {fast.load_seconds:.1f}s")
+    print(f"exported: load {fast.load_seconds:.1f}s")  # faster, but a loaded box makes a timed assert flaky
     assert fast.generate(reqs) == replies
-    assert fast.load_seconds < gen.load_seconds
 
 
 def test_an_exported_model_loads_from_its_directory_and_replies_the_same(
@@ -359,6 +358,11 @@ def test_a_made_up_order_number_ahead_of_a_faithful_answer_is_trimmed_not_sent()
     assert guarded(wrote, req) == ("请在“我的订单”中修改收货地址。发货后，请联系快递员改派。", None)
     # the made-up number's sentence held a key fact: what is left drops it, so the template goes out, saying why
     assert guarded("您的订单1234567890可以在“我的订单”中修改。好的。", req)[1] == "invented_number"
+    # a Chinese sentence that runs on through commas loses the clause, not the key fact beside it
+    assert guarded("好的，您的订单号是1234567890，请在“我的订单”中修改收货地址。发货后，请联系快递员改派。", req) == (
+        "好的，请在“我的订单”中修改收货地址。发货后，请联系快递员改派。", None)
+    assert guarded("请在“我的订单”中修改收货地址，订单号1234567890。发货后，请联系快递员改派。", req) == (
+        "请在“我的订单”中修改收货地址。发货后，请联系快递员改派。", None)
     en = GenerationRequest("complaint", "en", "complaint", "A supervisor replies within 24 hours.",
                            (Fact(("24 hours",), ("repl",)),))
     assert guarded("Order number: 1234567890 24 hours", en)[1] == "invented_number"
