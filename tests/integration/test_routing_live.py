@@ -175,10 +175,12 @@ def under_fault(s: Settings, running: Running, rate: float, ms: int, seconds: in
 def test_injected_latency_degrades_heavy_traffic(settings_factory: Callable[..., Settings],
                                                  running: Running) -> None:
     # 4 s of fault, then the 5 s latency window drains and the 1 s dwell passes
-    _, got = under_fault(settings_factory(), running, 50, 400, 4, 14.0, "live")
+    at, got = under_fault(settings_factory(), running, 50, 400, 4, 14.0, "live")
     slow = [a for a in got if a["degraded"]]
     assert slow and all("degraded_slow" in a["route_reason"] for a in slow)
-    assert got[-1]["tier"] == "heavy"  # recovered after the fault expired
+    # Recovered after the fault expired. Not "the last answer is heavy": a loaded 2-core box can push the echo
+    # heavy tier's p95 over this test's 300 ms SLO again (a CI run: 306 ms, degraded and back a second time).
+    assert any(a["tier"] == "heavy" and _ingested(a) / 1000 > at + 4 + 1 for a in got), "heavy never came back"
 
 
 def test_a_heavy_batch_stuck_past_the_slo_degrades_before_its_answers_come_out(
@@ -188,7 +190,7 @@ def test_a_heavy_batch_stuck_past_the_slo_degrades_before_its_answers_come_out(
     stuck_at, got = under_fault(settings_factory(), running, 5, 8000, 4, 14.0, "stuck")
 
     def ingested(a: dict[str, Any]) -> float:
-        return float(a["answered_at"] - a["timings_ms"]["total"] + a["timings_ms"]["ingest"]) / 1000
+        return _ingested(a) / 1000
 
     late = [a for a in got if a["tier"] == "heavy" and a["timings_ms"]["total"] > 5000]
     degraded = [a for a in got if a["degraded"] and ingested(a) >= stuck_at]

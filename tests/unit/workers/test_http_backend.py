@@ -250,13 +250,12 @@ def test_a_server_that_stays_down_raises_without_fallback_and_degrades_with_one(
 
 def test_concurrency_is_bounded_and_used(stub: Stub) -> None:
     stub.state.delay_s = 0.2
-    client = _client(stub, max_concurrency=3)
-    t0 = time.perf_counter()
+    # A generous timeout: a request timed out on a loaded box is retried while the server still holds the first
+    # (a CI run saw 4 in flight that way), which is the retry's business, not the bound's.
+    client = _client(stub, max_concurrency=3, timeout_s=60.0)
     preds = client.predict([Item(f"card declined #{i}") for i in range(9)])
-    elapsed = time.perf_counter() - t0
     assert len(preds) == 9 and [p.answer for p in preds] == [f"Answer for: card declined #{i}" for i in range(9)]
-    assert 2 <= stub.state.max_in_flight <= 3
-    assert elapsed < 9 * 0.2 * 0.7  # concurrent, not one after the other
+    assert 2 <= stub.state.max_in_flight <= 3  # used: concurrent, not one after the other; bounded
 
 
 def test_the_api_key_is_sent_but_never_shown(stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
