@@ -546,8 +546,8 @@ def trace(settings: Settings, ids: Sequence[str], timeout: float = 20.0) -> dict
     found: dict[str, list[str]] = {i: [] for i in ids}
     if not ids:
         return found
-    c = make_consumer(settings, f"faults-trace-{uuid.uuid4().hex[:8]}", **{"isolation.level": "read_uncommitted",
-                                                                          "enable.partition.eof": True})
+    c = make_consumer(settings, f"faults-trace-{uuid.uuid4().hex[:8]}", None,
+                       **{"isolation.level": "read_uncommitted", "enable.partition.eof": True})
     try:
         parts = []
         for topic, meta in c.list_topics(timeout=10).topics.items():

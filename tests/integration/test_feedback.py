@@ -347,8 +347,11 @@ def test_heavy_slowdown_shifts_traffic_and_returns(settings_factory: Callable[..
     restore = next((d.updated_at for d in ours if d.reason.startswith("restore") and d.updated_at > end), None)
     assert restore is not None and restore - end <= 30.0, "no restore within 30 s of the slowdown's end"
     after = min((d.updated_at for d in ours if d.updated_at > restore), default=float("inf"))
+    # Routed by the restored thresholds, that is: on heavy, unless ingest's own health check degraded it for a real
+    # spike (a CI run's tansu pass: heavy's p95 429 ms against the 400 ms SLO a second after the restore).
     last = [a for a in heavy_bound if restore + 1.0 <= ingested(a) < after]
-    assert last and all(a["tier"] == "heavy" for a in last), "heavy-bound traffic is not back on heavy"
+    assert last and all(a["tier"] == "heavy" or "degraded_slow" in a["route_reason"] for a in last), \
+        "heavy-bound traffic is not back on heavy"
 
     # Every version says who made it and why; the agent shed during the slowdown and restored after it.
     assert all(d.reason and d.updated_by for d in history)
