@@ -428,8 +428,7 @@ class Replayer:
                         orjson.dumps({"request_id": req.id, "intent": req.label, "ts": int(time.time() * 1000)}),
                         key=req.id)
                 summary.labels += 1
-        # The progress goes with the chunk (one flush acknowledges both): a resumed job may resend a chunk, never
-        # skip one.
+        # The progress is saved once the chunk is acknowledged: a resumed job may resend a chunk, never skip one.
         self._save(job, self._progress(chunk[-1][0], summary))
 
     @staticmethod
@@ -438,11 +437,15 @@ class Replayer:
                 "invalid": str(summary.invalid), "labels": str(summary.labels), "updated": f"{time.time():.3f}"}
 
     def _save(self, job: str, progress: dict[str, str]) -> None:
-        """A job's progress to the control topic and, once the broker has acknowledged it with everything sent
-        before it, to Redis."""
-        produce(self.producer, self.topics.control, replay_progress(progress), key=ControlKeys.replay_job(job))
+        """A job's progress, once the broker has acknowledged everything sent before it: to the control topic, then
+        to Redis. Records and progress in one flush would not do: they go to different partitions, so a kill during
+        the flush can leave the progress delivered and part of its chunk not (a CI run's resumed replay on tansu,
+        its Redis flushed, skipped 20 ids it had never sent)."""
         if self.producer.flush(self.s.flush_timeout_s) or not self.dlq.flush(self.s.flush_timeout_s):
             raise ServiceUnavailable("the broker did not acknowledge the replayed records; progress not saved")
+        produce(self.producer, self.topics.control, replay_progress(progress), key=ControlKeys.replay_job(job))
+        if self.producer.flush(self.s.flush_timeout_s):
+            raise ServiceUnavailable("the broker did not acknowledge the replay's progress; progress not saved")
         self.r.hset(self.state_key(job), mapping=progress)  # type: ignore[arg-type]
 
     def _answered(self, ids: list[str]) -> set[str]:
