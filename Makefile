@@ -45,7 +45,7 @@ demo: $(WRITER_STAMP)
 
 # Everything on the default embedded broker (noida), then what talks to a broker again on tansu: both stay selectable
 # and tested. One pass after the other: side by side (4 pytest processes, 2 brokers and their agents on 2 cores) they
-# took 27 min instead of ~40, but clean-clone runs failed 2-3 tests of the tansu pass each time on load alone (a heavy
+# took 27 min instead of 35 (noida 18:49 then tansu 15:59, a clean clone), but clean-clone runs failed 2-3 tests of the tansu pass each time on load alone (a heavy
 # tier's p95 of 208 ms at rest against 33 ms quiet) and twice lost an xdist worker; each passed alone. Each pass spreads
 # its test files over XDIST processes (pytest-xdist; each its own broker and Redis). Set TIERFLOW_TEST_BOOTSTRAP to run
 # the first pass on your own Kafka instead; XDIST= runs each pass in one process. A worker that crashes fails the pass
