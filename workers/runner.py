@@ -224,9 +224,16 @@ class Worker:
                 "tier": self.tier.value, "ready": self.ready}
 
     def busy_ms(self) -> float:
-        """How long the batch in hand has taken so far (read by the heartbeat thread)."""
+        """How long the batch in hand has taken so far, the writer's time apart (read by the heartbeat thread).
+
+        The heavy tier's SLO judges this (pipeline/core/health.py); a writer answers to its own budget
+        (`generator.timeout_s`), and a slow written reply goes out as the template, not as a degraded tier."""
         since = self._busy_since
-        return 0.0 if since is None else round((time.monotonic() - since) * 1000.0, 1)
+        if since is None:
+            return 0.0
+        now = time.monotonic()
+        writing = self.model.writing.seconds(now) if isinstance(self.model, GeneratedAnswers) else 0.0
+        return round(max(0.0, now - since - writing) * 1000.0, 1)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not self.assigned:
@@ -302,6 +309,8 @@ class Worker:
     def _process(self, msgs: list[Message], producer: Producer) -> None:
         """Decode, predict and emit one batch to `producer` (flushing and committing are the caller's)."""
         if self._busy_since is None:
+            if isinstance(self.model, GeneratedAnswers):
+                self.model.writing.reset()  # before the batch's clock starts: busy_ms reads both
             self._busy_since = time.monotonic()
         dequeued = _now_ms()
         routed: list[tuple[Message, Routed, Item]] = []

@@ -1,5 +1,6 @@
 """The heavy tier's writer in the pipeline: the packaged Qwen on llama.cpp writes a heavy answer, drafts of it reach
-tierflow.answers.drafts a sentence at a time before the one final answer, and the answer says how long writing took.
+tierflow.answers.drafts a sentence at a time before the one final answer, and the answer says how long writing took;
+a slow writer does not degrade the heavy tier.
 
 Real broker, Redis and models; skips, saying why, where xllamacpp or the Qwen weights are not installed (`make test`
 installs both).
@@ -8,18 +9,26 @@ installs both).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import orjson
 import pytest
+import redis
 
+from pipeline.adapters.heartbeats import read_heartbeats
 from pipeline.adapters.kafka import topics_of
+from pipeline.adapters.threshold_store import ThresholdStore
 from pipeline.agents.ingest import Ingest
 from pipeline.contracts.topics import Tier
 from pipeline.settings import Settings
 from schemas import validator
 from tests.conftest import Running
 from tests.integration.helpers import drain, produce_all, reader, values, wait_ready
+from workers.models.echo import EchoModel
+from workers.models.generator import with_generator
+from workers.models.prompts import GenerationRequest
 from workers.runner import Worker
 
 pytestmark = pytest.mark.integration
@@ -66,3 +75,51 @@ def test_a_written_heavy_answer_streams_its_drafts_before_the_one_final_answer(
             ans
     for c in (answers_c, drafts_c):
         c.close()
+
+
+class SlowWriter:
+    """A writer that takes `seconds` a reply, as a 1.5B model on a busy CPU does, and writes the policy text back:
+    what is under test is how the worker accounts for writing time, not what is written."""
+
+    name = "slow"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def setup(self, device: str) -> None:
+        pass
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        time.sleep(self.seconds * len(requests))
+        return [r.reference for r in requests]
+
+
+def test_a_slow_written_reply_does_not_degrade_the_heavy_tier(
+    settings_factory: Callable[..., Settings], running: Running
+) -> None:
+    # The writer answers to its own budget (generator.timeout_s); the heavy tier's SLO judges its decisions. A reply
+    # written in 4 s against a 1 s SLO must not send the next heavy-bound message to light (the user check of stop
+    # 48: one 27.7 s written reply degraded the next message, `length:degraded_slow`).
+    s = settings_factory()
+    r = redis.Redis.from_url(s.redis.address)
+    ThresholdStore(r, s.redis.prefix).update("test", "a tight heavy SLO", heavy_slo_p95_ms=1000.0)
+    t = topics_of(s)
+    ingest = running.start(Ingest(s))
+    running.start(Worker(s, Tier.HEAVY, with_generator(EchoModel(), SlowWriter(4.0))))
+    running.start(Worker(s, Tier.LIGHT, EchoModel()))
+    wait_ready(s, [Tier.HEAVY.value, Tier.LIGHT.value])
+    answers = reader(s, t.answers)
+    long = "My parcel arrived with a cracked screen and the invoice is missing, what can I do about it now? "
+    got: list[dict[str, Any]] = []
+    busy: list[float] = []
+    for i in range(2):
+        produce_all(s, t.requests, [orjson.dumps({"id": f"w-{i}", "user_id": "u-1", "text": long})], keys=["u-1"])
+        deadline = time.monotonic() + 60
+        while not got[i:] and time.monotonic() < deadline:  # heartbeats while it writes; ingest's verdict
+            busy += [b["busy_ms"] for b in read_heartbeats(r, s.redis.prefix, Tier.HEAVY.value)]
+            assert ingest.monitor is not None and ingest.monitor.health.heavy_ok, ingest.monitor.health
+            got += values(drain(answers, lambda ms: len(ms) >= 1, timeout=0.5))
+    answers.close()
+    assert [a["request_id"] for a in got] == ["w-0", "w-1"]
+    assert all(a["tier"] == "heavy" and not a["degraded"] and a["timings_ms"]["write"] >= 4000 for a in got), got
+    assert max(busy) < 1000.0, busy  # the batch's time less the writer's: what ingest judges against the SLO

@@ -246,6 +246,7 @@ class LlamaCppGenerator:
     another, within a time budget."""
 
     streams = True  # generate(..., on_text=) hands out each reply as it is written (prompts.StreamingGenerator)
+    prefills = True  # prefill() fills the prompt cache (prompts.PrefillingGenerator)
 
     def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
                  threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048,
@@ -297,9 +298,16 @@ class LlamaCppGenerator:
             self._server = xllamacpp.Server(params)
         except Exception as e:  # the binding raises RuntimeError or ValueError: one line for the operator
             raise ConfigError(f"generator {self.name}: llama.cpp could not load {self.gguf_path.name}: {e}") from e
-        self._one(GenerationRequest("hello", "en", "greeting"), 2, time.perf_counter() + 60.0, None)  # warm-up
+        self.prefill([GenerationRequest("hello", "en", "greeting")])  # the first evaluation allocates: pay it now
         self.load_seconds = time.perf_counter() - t0
         log.info("generator %s loaded on %s in %.1fs", self.name, self.device, self.load_seconds)
+
+    def prefill(self, requests: Sequence[GenerationRequest]) -> None:
+        """Evaluate each prompt into the prompt cache (`cache_mib`), generating one token."""
+        if self._server is None:
+            raise RuntimeError(f"generator {self.name}: setup() was not called")
+        for req in requests:
+            self._one(req, 1, time.perf_counter() + 120.0, None)
 
     def generate(self, requests: Sequence[GenerationRequest],
                  on_text: Callable[[int, str], None] | None = None) -> list[str]:

@@ -76,6 +76,17 @@ class Generator(Protocol):
         ...
 
 
+class PrefillingGenerator(Generator, Protocol):
+    """A generator with a prompt cache: it says so with `prefills = True`, and `prefill` evaluates prompts into that
+    cache (a reply of one token) so that the first reply in each language does not pay for its system prompt."""
+
+    prefills: bool
+
+    def prefill(self, requests: Sequence[GenerationRequest]) -> None:
+        """Evaluate each request's prompt into the cache; the replies are not kept."""
+        ...
+
+
 class StreamingGenerator(Generator, Protocol):
     """A generator that can hand out each reply as it is written: it says so with `streams = True` (a protocol's
     isinstance checks names, not signatures)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -478,3 +479,41 @@ def test_a_generator_that_does_not_stream_is_not_asked_to() -> None:
     assert isinstance(model, GeneratedAnswers)
     model.on_draft = lambda i, text: None
     assert model.predict([Item("card declined")])[0].answer == "Please retry."  # no on_text: no TypeError
+
+
+class PrefillScript(ScriptedGenerator):
+    """A scripted generator with a prompt cache to fill, as llama.cpp's has."""
+
+    prefills = True
+
+    def __init__(self, replies: list[str]) -> None:
+        super().__init__(replies)
+        self.prefilled: list[GenerationRequest] = []
+
+    def prefill(self, requests: Sequence[GenerationRequest]) -> None:
+        self.prefilled.extend(requests)
+
+
+def test_setup_prefills_each_language_s_system_prompt_with_the_pack_s_business() -> None:
+    shop = load_domain("ecommerce")
+    gen = PrefillScript([])
+    GeneratedAnswers(KeywordClassifier(), gen, shop).setup("cpu")
+    assert [(r.lang, r.business) for r in gen.prefilled] == [("en", shop.business_of("en")),
+                                                             ("zh", shop.business_of("zh"))]
+    # the system prompt is the part every prompt of a language starts with: what the cache will reuse
+    for req in gen.prefilled:
+        assert build_messages(req)[0] == build_messages(dataclasses.replace(req, text="another message"))[0]
+    plain = ScriptedGenerator([])
+    GeneratedAnswers(KeywordClassifier(), plain, shop).setup("cpu")  # no cache to fill: not asked to
+
+
+def test_the_writing_clock_counts_the_writer_s_time_on_the_batch_and_stops_with_it() -> None:
+    model = GeneratedAnswers(KeywordClassifier(), ScriptedGenerator(["Please retry."]))
+    assert model.writing.seconds(time.monotonic()) == 0.0
+    pred = model.predict([Item("card declined")])[0]
+    now = time.monotonic()
+    written = model.writing.seconds(now)
+    assert 0.0 < written <= pred.write_ms / 1000.0 + 0.01
+    assert model.writing.seconds(now + 5.0) == written  # stopped: time after the call is not writing
+    model.writing.reset()
+    assert model.writing.seconds(now) == 0.0
