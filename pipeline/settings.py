@@ -211,8 +211,9 @@ class GeneratorSection(Section):
     max_new_tokens: int = Field(160, ge=1, le=2048, description="the writer's token budget per reply (a policy "
                                 "answer in Chinese runs to ~100 tokens)")
     gguf_file: str | None = Field(None, description="GGUF file name when the generator path is GGUF")
-    timeout_s: float = Field(30.0, gt=0, description="the writer's time budget per batch: replies not written by "
-                             "then are sent as the template, marked fallback=true")
+    timeout_s: float = Field(30.0, gt=0, description="the writer's time budget: a live message's reply not written "
+                             "this long after tierflow received it (a replay's: after its batch began) is sent as the "
+                             "template, marked fallback=true, fallback_reason timeout")
     threads: int | None = Field(None, ge=1, description="CPU threads of a local writer; unset: the runtime's default")
     cache_mib: int = Field(256, ge=0, description="host memory for a local writer's prompt cache: the prefilled state "
                            "of earlier prompts (~30 KB a token), so a prompt that starts like one of them (the same "

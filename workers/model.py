@@ -28,6 +28,9 @@ class Item:
     # answers).
     context: Context | None = None
     said: str | None = None
+    # When tierflow received a live message (epoch ms; None for a replay: nobody waits on it): a writer's time budget
+    # counts from here.
+    received_ms: int | None = None
 
     @property
     def message(self) -> str:
@@ -47,7 +50,7 @@ class Prediction:
     fallback: str | None = None  # why a writer's reply was not sent and the template was (None: no writer, or sent)
     oos: float = 0.0  # out-of-scope score, 0..1: how likely the message is none of the known intents' business
     small_talk: bool = False  # chit-chat is the model's top label: answered where it is, never escalated
-    write_ms: float = 0.0  # the writer's time on the batch this item was written in (it waited for all of it)
+    write_ms: float = 0.0  # the writer's time on the batch this item was in (it waited for all of it)
     context_used: tuple[str, ...] = ()  # what of the customer's conversation the reading used (the answer says it)
 
 

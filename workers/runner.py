@@ -318,13 +318,15 @@ class Worker:
             raw = msg.value()
             d = fast_routed(raw) if raw is not None else None
             if d is not None:
-                routed.append((msg, d, Item(d["request"]["text"], d["features"]["lang"], None)))
+                routed.append((msg, d, Item(d["request"]["text"], d["features"]["lang"], None,
+                                            received_ms=None if d["replay"] else d["received_ms"])))
                 continue
             try:  # escalations, images, conversations, anything unusual: the full model, then the same plain dict
                 rr = decode_model(RoutedRequest, raw)
                 image = rr.request.image.decode() if rr.request.image is not None else None
                 slow: Routed = rr.model_dump(mode="json", exclude_none=True)  # type: ignore[assignment]
-                routed.append((msg, slow, item_of(rr.request.text or "", rr.features.lang, image, slow.get("context"))))
+                routed.append((msg, slow, item_of(rr.request.text or "", rr.features.lang, image, slow.get("context"),
+                                                  None if rr.replay else rr.received_ms)))
             except InvalidMessage as e:
                 self._dead(msg, e.kind, e.reason)
             except Exception as e:  # noqa: BLE001 - a bug met by one record must not stop the worker
@@ -461,8 +463,9 @@ class Worker:
             # what makes a resumed replay idempotent, durable beside the answer (same batch, same transaction):
             # a Redis that loses `replay:answered` is given it back from the control topic
             produce(out, self.topics.control, b"1", ControlKeys.replay_answered(rid))
+        writer_wait = self._writer_wait(d, produced, pred.write_ms)
         ans = answer(d, self.tier, text, pred.intent, pred.confidence, pred.model, infer_ms, dequeued, produced,
-                     fallback, handed, pred.write_ms)
+                     fallback, handed, pred.write_ms, writer_wait)
         if ctx is not None:
             ans["context_used"] = [*used, *(("restated_topic",) if restated else ())]
             if fate.answer and self.conversations is not None:
@@ -474,7 +477,8 @@ class Worker:
         timings = ans["timings_ms"]
         # The tier's latency as its SLO sees it: the writer's time apart (it has its own budget; stats.Observed).
         self._observed.append((fate.kind, pred.model, infer_ms - pred.write_ms, timings["queue"],
-                               max(0.0, float(timings["total"]) - pred.write_ms) if fate.answered else None))
+                               max(0.0, float(timings["total"]) - pred.write_ms - writer_wait) if fate.answered
+                               else None))
         if fate.abstained:
             self._abstained += 1
         if escalate:
@@ -489,6 +493,14 @@ class Worker:
             if fate.handover:  # the desk's record goes in the same batch (and transaction) as the holding answer
                 produce(out, self.topics.handover, orjson.dumps(handover(d, ans, oos)), key)
                 self._handed_over += 1
+
+    def _writer_wait(self, d: Routed, produced_ms: int, own_ms: float) -> float:
+        """The writer's time on other requests' replies that a request waited through from its arrival to its
+        answer: earlier batches' while it queued, its own batch's where its reply was not written (small talk), less
+        `own_ms`, the writing of the batch it was attempted in (0 without a writer)."""
+        if not isinstance(self.model, GeneratedAnswers):
+            return 0.0
+        return max(0.0, self.model.writing.overlap_ms(float(d["received_ms"]), float(produced_ms)) - own_ms)
 
     def _answered_turn(self, d: Routed, ctx: Context, item: Item, a: Answer,
                        restated: bool) -> tuple[str, str | None, Turn]:
@@ -624,9 +636,10 @@ def _as_read(p: Prediction, reading: conv.Reading | None, item: Item, book: Answ
     return replace(p, context_used=reading.used)
 
 
-def item_of(text: str, lang: str, image: bytes | None, ctx: Context | None) -> Item:
-    """A routed message as its model reads it, with its conversation."""
-    return Item(text, lang, image, ctx)
+def item_of(text: str, lang: str, image: bytes | None, ctx: Context | None,
+            received_ms: int | None = None) -> Item:
+    """A routed message as its model reads it, with its conversation (and, live, when tierflow received it)."""
+    return Item(text, lang, image, ctx, received_ms=received_ms)
 
 
 def _now_ms() -> int:

@@ -274,13 +274,15 @@ def escalation(d: Routed, tier: Tier, intent: str, confidence: float, model: str
 @with_config(_CLOSED)
 class Timings(TypedDict):
     """Where an answer's time went, ms: ingest, the tier topic, inference (light's included when escalated), and
-    from received to produced; `write`: of inference, the heavy tier's writer's (absent where none wrote)."""
+    from received to produced; `write`: of inference, the heavy tier's writer's (absent where none wrote);
+    `writer_wait`: the writer's time on other requests' replies that this one waited through (absent where none)."""
 
     ingest: Ms
     queue: Ms
     inference: Ms
     total: Ms
     write: NotRequired[Ms]
+    writer_wait: NotRequired[Ms]
 
 
 @with_config(_CLOSED)
@@ -350,10 +352,11 @@ class Result(Answer, ResultDetails):
 
 def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, model: str, inference_ms: float,
            dequeued: int, produced: int, fallback: str | None = None, handover: str | None = None,
-           write_ms: float = 0.0) -> Answer:
+           write_ms: float = 0.0, writer_wait_ms: float = 0.0) -> Answer:
     """The answer of `tier` to the routed record `d` (times in epoch ms; `inference_ms` of this stage; `fallback`:
     why a writer's reply was replaced by the template, if it was; `handover`: why the request went to a person,
-    `text` then being the holding message; `write_ms`: of `inference_ms`, the writer's).
+    `text` then being the holding message; `write_ms`: of `inference_ms`, the writer's on this request's batch;
+    `writer_wait_ms`: the writer's time on other requests' replies while this one waited).
 
     Durations between two hosts' clocks are never negative.
     """
@@ -384,6 +387,8 @@ def answer(d: Routed, tier: Tier, text: str, intent: str, confidence: float, mod
     }
     if write_ms > 0:
         out["timings_ms"]["write"] = round(write_ms, 3)
+    if writer_wait_ms > 0:
+        out["timings_ms"]["writer_wait"] = round(writer_wait_ms, 3)
     ctx = d.get("context")
     if ctx is not None:
         out["conversation_id"], out["turn"], out["context_used"] = ctx["conversation_id"], ctx["turn"], []

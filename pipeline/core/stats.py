@@ -476,10 +476,10 @@ class Observed:
     degraded: bool
     version: int
     at_ms: int
-    # Received to produced, less the writer's time (`write_ms`): the SLOs and the model scores judge how fast a tier
-    # decides; the heavy tier's writer answers to its own time budget (generator.timeout_s), past which the
-    # template goes out. Judged with the writing in, a 1.5B writer on a CPU (seconds a reply) would shed all heavy
-    # traffic to light, writer and all.
+    # Received to produced, less the writer's time (`write_ms`, and `writer_wait` in the record: other requests'
+    # writing it waited through): the SLOs and the model scores judge how fast a tier decides; the heavy tier's
+    # writer answers to its own time budget (generator.timeout_s), past which the template goes out. Judged with
+    # the writing in, a 1.5B writer on a CPU (seconds a reply) would shed all heavy traffic to light, writer and all.
     total_ms: float
     queue_ms: float
     inference_ms: float
@@ -503,11 +503,12 @@ class Observed:
         at = rec.get("answered_at") or (stamps.get("produced") if stamps else None) or 0
         label = rec.get("label")
         write = float(t.get("write") or 0.0)
+        waited = write + float(t.get("writer_wait") or 0.0)
         return cls(
             request_id=str(rec["request_id"]), tier=str(rec.get("stage") or rec["tier"]), model=str(rec["model"]),
             intent=str(rec["intent"]), confidence=float(rec["confidence"]), final=bool(rec["final"]),
             shadow=bool(rec["shadow"]), escalated=bool(rec["escalated"]), degraded=bool(rec["degraded"]),
-            version=int(rec["threshold_version"]), at_ms=int(at), total_ms=max(0.0, float(t["total"]) - write),
+            version=int(rec["threshold_version"]), at_ms=int(at), total_ms=max(0.0, float(t["total"]) - waited),
             queue_ms=float(t["queue"]), inference_ms=max(0.0, float(t["inference"]) - write),
             batch_size=int(rec["batch_size"]),
             chars=int(feats.get("length", feats["chars"])), vip=bool(feats["vip"]), label=str(label) if label else None,

@@ -275,8 +275,8 @@ class Status:
             return
         timings = r.get("timings_ms") or {}
         # As the SLO sees it: the writer's seconds apart (its own budget; pipeline/core/stats.py, Observed).
-        total = max(0.0, float(timings.get("total", 0.0)) - float(timings.get("write", 0.0)))
         write = float(timings.get("write", 0.0))
+        total = max(0.0, float(timings.get("total", 0.0)) - write - float(timings.get("writer_wait", 0.0)))
         fallback = str(r.get("fallback_reason") or "unknown") if r.get("fallback") else None
         self._answers.append(_Answer(at, tier, total, bool(r.get("escalated")), bool(r.get("degraded")),
                                      bool(r.get("handover")), write, write > 0 and fallback is None, fallback))

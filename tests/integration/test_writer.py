@@ -112,14 +112,27 @@ def test_a_slow_written_reply_does_not_degrade_the_heavy_tier(
     long = "My parcel arrived with a cracked screen and the invoice is missing, what can I do about it now? "
     got: list[dict[str, Any]] = []
     busy: list[float] = []
-    for i in range(2):
-        produce_all(s, t.requests, [orjson.dumps({"id": f"w-{i}", "user_id": "u-1", "text": long})], keys=["u-1"])
+
+    def send(i: int) -> None:
+        produce_all(s, t.requests, [orjson.dumps({"id": f"w-{i}", "user_id": f"u-{i}", "text": long})],
+                    keys=[f"u-{i}"])
+
+    def watch(n: int) -> None:  # heartbeats and ingest's verdict until `n` answers are out
         deadline = time.monotonic() + 60
-        while not got[i:] and time.monotonic() < deadline:  # heartbeats while it writes; ingest's verdict
-            busy += [b["busy_ms"] for b in read_heartbeats(r, s.redis.prefix, Tier.HEAVY.value)]
+        while len(got) < n and time.monotonic() < deadline:
+            busy.extend(b["busy_ms"] for b in read_heartbeats(r, s.redis.prefix, Tier.HEAVY.value))
             assert ingest.monitor is not None and ingest.monitor.health.heavy_ok, ingest.monitor.health
-            got += values(drain(answers, lambda ms: len(ms) >= 1, timeout=0.5))
+            got.extend(values(drain(answers, lambda ms: len(ms) >= 1, timeout=0.5)))
+
+    send(0)
+    time.sleep(1.5)
+    send(1)  # queued while w-0 is written: it waits ~2.5 s for the writer, then is written itself
+    watch(2)
+    send(2)  # after both: the heavy tier is still healthy
+    watch(3)
     answers.close()
-    assert [a["request_id"] for a in got] == ["w-0", "w-1"]
+    assert [a["request_id"] for a in got] == ["w-0", "w-1", "w-2"]
     assert all(a["tier"] == "heavy" and not a["degraded"] and a["timings_ms"]["write"] >= 4000 for a in got), got
+    queued = got[1]["timings_ms"]
+    assert queued["writer_wait"] >= 1500 and queued["total"] - queued["write"] - queued["writer_wait"] < 1000, queued
     assert max(busy) < 1000.0, busy  # the batch's time less the writer's: what ingest judges against the SLO

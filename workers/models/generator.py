@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -220,24 +221,29 @@ WARM_MESSAGE = {"en": "Hello", "zh": "你好"}
 
 
 class WritingClock:
-    """How long a writer has been writing since `reset()`, read by another thread (the worker's heartbeat).
+    """When a writer wrote: its time on the batch in hand since `reset()` (read by the worker's heartbeat thread),
+    and its recent spans on the wall clock.
 
-    A batch in hand for longer than the heavy tier's SLO makes ingest degrade heavy-bound traffic
-    (`pipeline.core.health`); the writer's share of that time is bounded by its own budget (`generator.timeout_s`),
-    not by the SLO, so the worker reports the batch's time less this.
+    The heavy tier's SLO judges its decisions; the writer answers to its own budget (`generator.timeout_s`). So the
+    worker reports a batch's time in hand less the writing (ingest degrades on it: `pipeline.core.health`), and a
+    request's latency less the writing it waited through: its own batch's, and earlier batches' while it queued.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 256) -> None:
         self._since: float | None = None  # time.monotonic() when the writing in progress began
+        self._since_ms = 0.0  # the same moment, epoch ms
         self._done = 0.0  # seconds of writing finished since reset()
+        self._spans: deque[tuple[float, float]] = deque(maxlen=keep)  # (start, end), epoch ms, oldest first
 
     def start(self) -> None:
+        self._since_ms = time.time() * 1000.0
         self._since = time.monotonic()
 
     def stop(self) -> None:
         since, self._since = self._since, None
         if since is not None:
             self._done += time.monotonic() - since
+            self._spans.append((self._since_ms, time.time() * 1000.0))
 
     def reset(self) -> None:
         self._since, self._done = None, 0.0
@@ -246,6 +252,15 @@ class WritingClock:
         """Writing time since reset(), the writing in progress included, at `now` (time.monotonic())."""
         since = self._since  # one read: the writer thread may clear it meanwhile
         return self._done + (now - since if since is not None else 0.0)
+
+    def overlap_ms(self, since_ms: float, until_ms: float) -> float:
+        """How much of [since_ms, until_ms] (epoch ms) the writer spent writing (finished spans only)."""
+        total = 0.0
+        for start, end in reversed(self._spans):
+            if end <= since_ms:
+                break  # spans are in order: the rest ended earlier still
+            total += max(0.0, min(end, until_ms) - max(start, since_ms))
+        return total
 
 
 class GeneratedAnswers:
@@ -257,12 +272,16 @@ class GeneratedAnswers:
     "<classifier>+<generator>" for a generated answer, "<classifier>" otherwise.
     """
 
-    def __init__(self, classifier: InferenceModel, generator: Generator, domain: Domain | None = None) -> None:
+    def __init__(self, classifier: InferenceModel, generator: Generator, domain: Domain | None = None,
+                 budget_s: float | None = None) -> None:
         """`domain`: the pack whose policies ground the replies (the second intent's too) and whose key facts
-        each reply must keep; None: the classifier's answer is the only grounding, and no fact is checked."""
+        each reply must keep; None: the classifier's answer is the only grounding, and no fact is checked.
+        `budget_s`: how long after tierflow received a live message its written reply may come (`Item.received_ms`);
+        past it the template goes out (fallback "timeout"). None: the generator's own budget per call only."""
         self.classifier = classifier
         self.generator = generator
         self.domain = domain
+        self.budget_s = budget_s
         self.name = f"{classifier.name}+{generator.name}"
         # Set by the worker for a batch: called (item index in the batch, reply so far) each time a streamed reply
         # completes a sentence, where the generator streams (`StreamingGenerator`).
@@ -288,12 +307,16 @@ class GeneratedAnswers:
         ctx = item.context
         history = tuple((t["text"], t.get("answer", "")) for t in ctx["history"]) if ctx else ()
         slots = tuple(sorted(ctx["slots"].items())) if ctx else ()
+        deadline = (item.received_ms / 1000.0 + self.budget_s
+                    if item.received_ms is not None and self.budget_s is not None else None)
         if d is None:
-            return GenerationRequest(item.message, item.lang, pred.intent, pred.answer, history=history, slots=slots)
+            return GenerationRequest(item.message, item.lang, pred.intent, pred.answer, history=history, slots=slots,
+                                     deadline=deadline)
         also = pred.also if pred.also and pred.also != pred.intent and pred.also in d.answers.intents else None
         return GenerationRequest(item.message, item.lang, pred.intent, pred.answer,
                                  d.answers.facts(pred.intent, item.lang), business=d.business_of(item.lang),
-                                 also=d.answers.answer(also, item.lang) if also else "", history=history, slots=slots)
+                                 also=d.answers.answer(also, item.lang) if also else "", history=history, slots=slots,
+                                 deadline=deadline)
 
     def predict(self, batch: Sequence[Item]) -> list[Prediction]:
         preds = checked_predict(self.classifier, batch)
@@ -330,14 +353,25 @@ class GeneratedAnswers:
         # Every item of the batch waited for the whole call: that is its writing time, kept apart so that the
         # heavy tier's SLO judges its decisions and the writer answers to its own budget (generator.timeout_s).
         write_ms = (time.perf_counter() - t0) * 1000.0
-        for i, req, text in zip(todo, reqs, texts, strict=True):
-            text, reason = guarded(text, req)
+        timed_out = self._timed_out(reqs)
+        for j, (i, req, text) in enumerate(zip(todo, reqs, texts, strict=True)):
+            text, reason = ("", "timeout") if j in timed_out and not text else guarded(text, req)
             if reason is None:
                 out[i] = replace(preds[i], answer=text, model=f"{preds[i].model}+{self.generator.name}",
                                  write_ms=write_ms)
             else:
                 out[i] = replace(preds[i], fallback=reason, write_ms=write_ms)
         return out
+
+
+    def _timed_out(self, reqs: Sequence[GenerationRequest]) -> set[int]:
+        """The requests of the last call whose reply the clock prevented: the generator's word where it keeps one
+        (`LlamaCppGenerator.last_replies`: not started, or cut), else those whose deadline has passed."""
+        replies = getattr(self.generator, "last_replies", None)
+        if isinstance(replies, list) and len(replies) == len(reqs):
+            return {j for j, r in enumerate(replies) if getattr(r, "outcome", None) in ("cut", "skipped")}
+        now = time.time()
+        return {j for j, r in enumerate(reqs) if r.deadline is not None and now >= r.deadline}
 
 
 class SentenceDrafts:
@@ -396,10 +430,11 @@ def grounding(req: GenerationRequest) -> list[str]:
             *(t for turn in req.history for t in turn), *(v for _, v in req.slots)]
 
 
-def with_generator(classifier: InferenceModel, generator: Generator, domain: Domain | None = None) -> InferenceModel:
+def with_generator(classifier: InferenceModel, generator: Generator, domain: Domain | None = None,
+                   budget_s: float | None = None) -> InferenceModel:
     """`classifier`, its answers written by `generator` (the registry's `generator_from_settings` picks one), grounded
-    in `domain`'s policies."""
-    return GeneratedAnswers(classifier, generator, domain)
+    in `domain`'s policies, each live reply within `budget_s` of the message's arrival."""
+    return GeneratedAnswers(classifier, generator, domain, budget_s)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

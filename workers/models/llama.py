@@ -21,6 +21,7 @@ import importlib.util
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -267,6 +268,13 @@ class LlamaCppGenerator:
         self.last_stats: GenerationStats | None = None
         self.last_replies: list[ReplyTiming] = []
         self._server: Any = None
+        # The last replies the model ended itself, seconds: a request with less time left than the quickest of them
+        # is not started.
+        self.reply_seconds: deque[float] = deque(maxlen=16)
+
+    def _quickest(self) -> float:
+        """The quickest of the last whole replies (0 before any): less time than that is not worth starting."""
+        return min(self.reply_seconds, default=0.0)
 
     def setup(self, device: str) -> None:
         try:
@@ -318,16 +326,22 @@ class LlamaCppGenerator:
         if self._server is None:
             raise RuntimeError(f"generator {self.name}: setup() was not called")
         t0 = time.perf_counter()
-        deadline = t0 + self.timeout_s
+        call_deadline = t0 + self.timeout_s
         texts: list[str] = []
         replies: list[ReplyTiming] = []
         for i, req in enumerate(requests):
-            if time.perf_counter() >= deadline:
+            now = time.perf_counter()
+            deadline = call_deadline if req.deadline is None else min(call_deadline, now + req.deadline - time.time())
+            # Not started where even the quickest recent reply would not fit: the batch's later requests get the
+            # time instead, and this one the template at once.
+            if now + self._quickest() >= deadline:
                 texts.append("")
                 replies.append(ReplyTiming("skipped", 0.0, None, 0, 0))
                 continue
             text, timing = self._one(req, self.max_new_tokens, deadline,
                                      None if on_text is None else partial(on_text, i))
+            if timing.outcome == "stop":  # not "length": a reply the token budget ended says little of the next
+                self.reply_seconds.append(timing.seconds)
             texts.append(text)
             replies.append(timing)
         self.last_replies = replies

@@ -60,11 +60,15 @@ class GenerationRequest:
     # details they gave (order number, product, amount), so "order 58213" is answered about that order.
     history: tuple[tuple[str, str], ...] = ()
     slots: tuple[tuple[str, str], ...] = ()
+    # When the reply must be written by (epoch seconds; None: only the generator's own budget per call): a reply
+    # the clock would cut is not started, one it cuts is dropped, and the template goes out (fallback "timeout").
+    deadline: float | None = None
 
 
 @runtime_checkable
 class Generator(Protocol):
-    """Writes one reply per request, in order; "" where it has nothing (the caller falls back)."""
+    """Writes one reply per request, in order; "" where it has nothing (the caller falls back), or where the
+    request's `deadline` passed before its reply was written."""
 
     name: str
 

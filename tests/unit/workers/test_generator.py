@@ -25,6 +25,7 @@ from workers.model import Item, Prediction
 from workers.models.generator import (
     CausalLMGenerator,
     GeneratedAnswers,
+    WritingClock,
     grounding,
     guarded,
     smollm2_gguf,
@@ -517,3 +518,21 @@ def test_the_writing_clock_counts_the_writer_s_time_on_the_batch_and_stops_with_
     assert model.writing.seconds(now + 5.0) == written  # stopped: time after the call is not writing
     model.writing.reset()
     assert model.writing.seconds(now) == 0.0
+
+
+def test_the_writing_clock_says_how_much_of_a_wait_was_writing() -> None:
+    clock = WritingClock()
+    spans = []
+    for _ in range(2):  # two batches written, a pause between them
+        before = time.time() * 1000.0
+        clock.start()
+        time.sleep(0.05)
+        clock.stop()
+        spans.append((before, time.time() * 1000.0))
+        time.sleep(0.05)
+    (s1, e1), (s2, e2) = spans
+    assert clock.overlap_ms(s1 - 1000.0, s1 - 1.0) == 0.0  # a wait before any writing
+    assert clock.overlap_ms(e1 + 1.0, s2 - 1.0) == 0.0  # between the batches
+    whole = clock.overlap_ms(s1 - 1000.0, e2 + 1000.0)
+    assert 100.0 <= whole <= (e1 - s1) + (e2 - s2)
+    assert clock.overlap_ms(e1 + 1.0, e2 + 1000.0) <= e2 - s2  # a request that arrived after the first: the second

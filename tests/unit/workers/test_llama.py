@@ -6,15 +6,19 @@ xllamacpp on the CPU (both come with `make demo`'s install; they skip, saying wh
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import ConfigError
+from workers.model import Item, Prediction
+from workers.models.generator import GeneratedAnswers
 from workers.models.llama import LlamaCppGenerator, assemble, gpu_backend, qwen_gguf, verified
 from workers.models.prompts import Fact, GenerationRequest, Generator, in_language, missing_facts
 
@@ -129,6 +133,7 @@ def test_token_budget_bounds_the_reply(qwen: LlamaCppGenerator) -> None:
 
 def test_requests_past_the_time_budget_get_no_reply(qwen: LlamaCppGenerator) -> None:
     qwen.timeout_s = 0.5  # less than a whole reply takes on a CPU: the first is cut mid-reply, the second never starts
+    qwen.reply_seconds.clear()  # no reply seen yet: the first is started whatever its time left
     try:
         texts = qwen.generate([EN, ZH])
     finally:
@@ -151,3 +156,33 @@ def test_a_prompt_over_the_context_window_gets_no_reply_and_spares_the_others(qw
         qwen.max_new_tokens = 64
     assert texts[0] == "" and texts[1]
     assert [r.outcome for r in qwen.last_replies] == ["overlong", "length"]
+
+
+
+class _ReturnsPolicy:
+    """A classifier that reads every message as the return policy question (the writer is under test)."""
+
+    name = "returns"
+
+    def setup(self, device: str) -> None:
+        pass
+
+    def predict(self, batch: Sequence[Item]) -> list[Prediction]:
+        return [Prediction("return_policy", 0.9, EN_POLICY if it.lang == "en" else ZH_POLICY, self.name)
+                for it in batch]
+
+
+def test_a_request_s_own_deadline_bounds_its_reply_and_an_unreachable_one_is_not_started(
+        qwen: LlamaCppGenerator) -> None:
+    qwen.reply_seconds.clear()
+    qwen.reply_seconds.append(2.0)  # the quickest recent reply took 2 s
+    soon = dataclasses.replace(EN, deadline=time.time() + 1.0)  # less than that left: not worth starting
+    later = dataclasses.replace(ZH, deadline=time.time() + 300.0)
+    texts = qwen.generate([soon, later])
+    assert texts[0] == "" and texts[1]
+    assert [r.outcome for r in qwen.last_replies] == ["skipped", "stop"]
+    # A live message that waited out the writer's budget (30 s) in the queue: the template at once, saying why.
+    model = GeneratedAnswers(_ReturnsPolicy(), qwen, budget_s=30.0)
+    (pred,) = model.predict([Item(EN.text, "en", received_ms=int((time.time() - 60.0) * 1000))])
+    assert (pred.fallback, pred.answer) == ("timeout", EN_POLICY)
+    assert qwen.last_replies[0].outcome == "skipped"
