@@ -215,6 +215,10 @@ class GeneratorSection(Section):
                              "this long after tierflow received it (a replay's: after its batch began) is sent as the "
                              "template, marked fallback=true, fallback_reason timeout")
     threads: int | None = Field(None, ge=1, description="CPU threads of a local writer; unset: the runtime's default")
+    max_held: float = Field(0.5, ge=0, description="write a batch's replies only where that holds up this many "
+                            "messages or fewer (the batch's others, and those expected to arrive while it is written "
+                            "at the tier's rate of the last minute); else the templates at once, fallback_reason busy. "
+                            "Under load every message behind a written reply waits for it")
     cache_mib: int = Field(256, ge=0, description="host memory for a local writer's prompt cache: the prefilled state "
                            "of earlier prompts (~30 KB a token), so a prompt that starts like one of them (the same "
                            "intent's policy) prefills only the rest; 0: only the last prompt is kept")

@@ -54,6 +54,8 @@ def run_demo(settings: Settings, timeout_s: float = 600.0) -> int:
         # The demo's few heavy messages arrive in one batch, and a 1.5B model on a laptop's CPU writes one
         # reply in ~5-10 s: give the batch time rather than show templates.
         updates["generator_timeout_s"] = 120.0
+    if writer is not None and "TIERFLOW_GENERATOR_MAX_HELD" not in os.environ:
+        updates["generator_max_held"] = 100.0  # nobody else waits behind the demo's batch: write all of it
     s = settings.updated(**updates)
     started = time.monotonic()
     with running_stack(s) as stack:

@@ -189,8 +189,8 @@ def print_endpoints(s: Settings, log_dir: Path, ports: dict[str, int], took: dic
                  + ", ".join(f"{n} {t}" for n, t in budget.items() if n.startswith("worker") or n == "trainer")
                  + " threads")
     writer = s.heavy.generator if s.heavy.generator not in (None, "", "none") else None
-    lines.append(f"  writer  {writer} writes heavy answers (time budget {s.generator.timeout_s:g} s a batch; "
-                 "the policy text when it runs out)" if writer else
+    lines.append(f"  writer  {writer} writes heavy answers within {s.generator.timeout_s:g} s of a message's "
+                 "arrival, while no queue builds behind it; else the policy text at once" if writer else
                  f"  writer  none: heavy answers are the policy text ({no_writer or 'TIERFLOW_HEAVY_GENERATOR=none'})")
     if ports:
         lines.append("  metrics " + ", ".join(f"{n} :{p}" for n, p in ports.items()))

