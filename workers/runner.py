@@ -12,8 +12,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -200,6 +201,8 @@ class Worker:
     def setup(self) -> None:
         t0 = time.perf_counter()
         self.model.setup(self.device)
+        if isinstance(self.model, GeneratedAnswers):
+            self.model.queue_probe = self._arrivals
         log.info("%s: %s ready on %s in %.1fs", self.worker_id, self.model.name, self.device,
                  time.perf_counter() - t0)
         if self.transactional:
@@ -493,6 +496,20 @@ class Worker:
             if fate.handover:  # the desk's record goes in the same batch (and transaction) as the holding answer
                 produce(out, self.topics.handover, orjson.dumps(handover(d, ans, oos)), key)
                 self._handed_over += 1
+
+    def _arrivals(self) -> Callable[[], int]:
+        """From now, how many times records have reached this tier's live topic: its writers ring its doorbell and
+        count the rings (`Keys.rung`; a ring per batch they wrote). Redis unavailable: 0 (the writer goes on)."""
+        key = Keys(self.s.redis.prefix).rung(self.topics.tier(self.tier))
+
+        def rung() -> int:
+            try:
+                return int(cast(bytes | None, self.r.get(key)) or 0)
+            except (redis.RedisError, OSError, ValueError):
+                return -1
+
+        start = rung()
+        return lambda: max(0, rung() - start) if start >= 0 else 0
 
     def _writer_wait(self, d: Routed, produced_ms: int, own_ms: float) -> float:
         """The writer's time on other requests' replies that a request waited through from its arrival to its

@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 
 def ring(r: redis.Redis, prefix: str, topics: Iterable[str]) -> None:
-    """Say that records were written to `topics` (one round trip for all); never raises."""
+    """Say that records were written to `topics` (one round trip for all): publish on each one's doorbell and count
+    the ring (`Keys.rung`: a busy consumer reads it); never raises. (`ring_once`, for the requests topic, only
+    publishes.)"""
     import redis
 
     keys = Keys(prefix)
@@ -39,6 +41,7 @@ def ring(r: redis.Redis, prefix: str, topics: Iterable[str]) -> None:
         pipe = r.pipeline(transaction=False)
         for t in topics:
             pipe.publish(keys.wake(t), b"")
+            pipe.incr(keys.rung(t))
         pipe.execute()
     except (redis.RedisError, OSError) as e:
         log.debug("doorbell: %s", e)

@@ -120,6 +120,11 @@ class Keys:
         """The doorbell of `topic`: its writers publish here, its resting consumers wake (adapters/doorbell.py)."""
         return f"{self.prefix}wake:{topic}"
 
+    def rung(self, topic: str) -> str:
+        """How many times `topic`'s doorbell has rung (a counter): a busy consumer can tell that records arrived
+        behind the batch in hand (the heavy tier's writer yields to them)."""
+        return f"{self.prefix}rung:{topic}"
+
 
 class ControlKeys:
     """Record keys on the control topic (`Topics.control`), one per fact so compaction keeps each one's latest:

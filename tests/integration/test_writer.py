@@ -28,6 +28,7 @@ from tests.conftest import Running
 from tests.integration.helpers import drain, produce_all, reader, values, wait_ready
 from workers.models.echo import EchoModel
 from workers.models.generator import with_generator
+from workers.models.llama import ReplyTiming
 from workers.models.prompts import GenerationRequest
 from workers.runner import Worker
 
@@ -136,3 +137,56 @@ def test_a_slow_written_reply_does_not_degrade_the_heavy_tier(
     queued = got[1]["timings_ms"]
     assert queued["writer_wait"] >= 1500 and queued["total"] - queued["write"] - queued["writer_wait"] < 1000, queued
     assert max(busy) < 1000.0, busy  # the batch's time less the writer's: what ingest judges against the SLO
+
+
+class YieldingWriter:
+    """A writer that writes for `seconds[k]` on its k-th call, token by token, and stops when `interrupt()` says
+    messages wait (as LlamaCppGenerator does): what is under test is the signal's way from ingest to the writer."""
+
+    name = "yielding"
+    yields = True
+
+    def __init__(self, seconds: list[float]) -> None:
+        self.seconds = seconds
+        self.calls = 0
+        self.interrupt: Callable[[], bool] | None = None
+        self.last_replies: list[ReplyTiming] = []
+
+    def setup(self, device: str) -> None:
+        pass
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        took = self.seconds[min(self.calls, len(self.seconds) - 1)]
+        self.calls += 1
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < took:
+            if self.interrupt is not None and self.interrupt():
+                self.last_replies = [ReplyTiming("yielded", time.monotonic() - t0, None, 0, 0) for _ in requests]
+                return ["" for _ in requests]
+            time.sleep(0.02)  # a token
+        self.last_replies = [ReplyTiming("stop", took, None, 0, 0) for _ in requests]
+        return [r.reference for r in requests]
+
+
+def test_the_writer_yields_to_a_message_that_arrives_while_it_writes(
+    settings_factory: Callable[..., Settings], running: Running
+) -> None:
+    s = settings_factory()
+    t = topics_of(s)
+    running.start(Ingest(s))
+    writer = YieldingWriter([30.0, 1.0])  # the first reply would take 30 s; the second 1 s
+    running.start(Worker(s, Tier.HEAVY, with_generator(EchoModel(), writer, max_held=0.5)))
+    running.start(Worker(s, Tier.LIGHT, EchoModel()))
+    wait_ready(s, [Tier.HEAVY.value, Tier.LIGHT.value])
+    answers = reader(s, t.answers)
+    long = "My parcel arrived with a cracked screen and the invoice is missing, what can I do about it now? "
+    produce_all(s, t.requests, [orjson.dumps({"id": "y-0", "user_id": "u-0", "text": long})], keys=["u-0"])
+    time.sleep(2.0)  # y-0 is being written
+    produce_all(s, t.requests, [orjson.dumps({"id": "y-1", "user_id": "u-1", "text": long})], keys=["u-1"])
+    got = {a["request_id"]: a for a in values(drain(answers, lambda ms: len(ms) >= 2, timeout=60))}
+    answers.close()
+    first, second = got["y-0"], got["y-1"]
+    # y-0's reply stopped for y-1: the template, saying why, long before its 30 s were up; y-1 then written
+    assert first.get("fallback_reason") == "busy" and first["timings_ms"]["total"] < 15_000, first
+    assert not second.get("fallback") and "+yielding" in second["model"], second
+    assert second["timings_ms"]["total"] < 15_000, second

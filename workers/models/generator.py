@@ -39,6 +39,7 @@ from workers.models.prompts import (
     Generator,
     PrefillingGenerator,
     StreamingGenerator,
+    YieldingGenerator,
     build_messages,
     in_language,
     invented_numbers,
@@ -57,6 +58,25 @@ log = logging.getLogger(__name__)
 OUT_OF_SCOPE_SKIP = 0.5
 
 RATE_WINDOW_S = 60.0  # how far back the tier's arrival rate is counted
+PROBE_EVERY_S = 0.25  # how often a writing writer asks whether messages wait (a Redis GET each time)
+MIN_TIMED_MS = 100.0  # a call shorter than this wrote nothing (every request skipped): it times no reply
+
+
+class Every:
+    """`check()`'s answer, asked at most every `seconds` (the answer in between: False); True once stays True."""
+
+    def __init__(self, seconds: float, check: Callable[[], bool]) -> None:
+        self.seconds = seconds
+        self.check = check
+        self._next = time.monotonic() + seconds
+        self._said = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._said and now >= self._next:
+            self._next = now + self.seconds
+            self._said = self.check()
+        return self._said
 
 
 def worth_writing(batch: int, per_s: float, reply_s: float, max_held: float) -> bool:
@@ -300,6 +320,10 @@ class GeneratedAnswers:
         # Set by the worker for a batch: called (item index in the batch, reply so far) each time a streamed reply
         # completes a sentence, where the generator streams (`StreamingGenerator`).
         self.on_draft: Callable[[int, str], None] | None = None
+        # Set by the worker: called as writing starts, it returns how many times messages have reached the tier
+        # since. More than `max_held`, and a writer that yields stops: the messages behind it get their answers, the
+        # batch its templates (fallback "busy").
+        self.queue_probe: Callable[[], Callable[[], int]] | None = None
         self.writing = WritingClock()  # the writer's time on the batch in hand: it answers to its own budget
         self._arrivals: deque[tuple[float, int]] = deque()  # (time.monotonic(), messages), the last RATE_WINDOW_S
         self._reply_s: deque[float] = deque(maxlen=16)  # the writer's recent seconds a reply
@@ -352,6 +376,10 @@ class GeneratedAnswers:
                 out[i] = replace(preds[i], fallback="busy")
             return out
         reqs = [self.request_for(batch[i], preds[i]) for i in todo]
+        probe = self.queue_probe if getattr(self.generator, "yields", False) else None
+        if probe is not None and self.max_held is not None:  # the writer yields to messages arriving meanwhile
+            arrived, held = probe(), self.max_held
+            cast(YieldingGenerator, self.generator).interrupt = Every(PROBE_EVERY_S, lambda: arrived() > held)
         t0 = time.perf_counter()
         self.writing.start()
         try:
@@ -372,14 +400,18 @@ class GeneratedAnswers:
             return out
         finally:
             self.writing.stop()
+            if probe is not None:
+                cast(YieldingGenerator, self.generator).interrupt = None
         # Every item of the batch waited for the whole call: that is its writing time, kept apart so that the
         # heavy tier's SLO judges its decisions and the writer answers to its own budget (generator.timeout_s).
         write_ms = (time.perf_counter() - t0) * 1000.0
-        timed_out = self._timed_out(reqs)
-        if len(timed_out) < len(reqs):
-            self._reply_s.append(write_ms / 1000.0 / (len(reqs) - len(timed_out)))
+        stopped = self._stopped(reqs)
+        if write_ms >= MIN_TIMED_MS:
+            # A reply stopped short (it yielded, or ran out of time) still says what one costs at least: counted,
+            # or a writer that yields at every try would look free to the rate check (a prefill is not stopped).
+            self._reply_s.append(write_ms / 1000.0 / len(reqs))
         for j, (i, req, text) in enumerate(zip(todo, reqs, texts, strict=True)):
-            text, reason = ("", "timeout") if j in timed_out and not text else guarded(text, req)
+            text, reason = ("", stopped[j]) if j in stopped and not text else guarded(text, req)
             if reason is None:
                 out[i] = replace(preds[i], answer=text, model=f"{preds[i].model}+{self.generator.name}",
                                  write_ms=write_ms)
@@ -396,14 +428,16 @@ class GeneratedAnswers:
             self._arrivals.popleft()
         return sum(k for _, k in self._arrivals) / RATE_WINDOW_S
 
-    def _timed_out(self, reqs: Sequence[GenerationRequest]) -> set[int]:
-        """The requests of the last call whose reply the clock prevented: the generator's word where it keeps one
-        (`LlamaCppGenerator.last_replies`: not started, or cut), else those whose deadline has passed."""
+    def _stopped(self, reqs: Sequence[GenerationRequest]) -> dict[int, str]:
+        """The requests of the last call whose reply was not written, and why: "timeout" (the clock), "busy" (it
+        yielded to messages waiting). The generator's word where it keeps one (`LlamaCppGenerator.last_replies`),
+        else those whose deadline has passed."""
         replies = getattr(self.generator, "last_replies", None)
         if isinstance(replies, list) and len(replies) == len(reqs):
-            return {j for j, r in enumerate(replies) if getattr(r, "outcome", None) in ("cut", "skipped")}
+            why = {"cut": "timeout", "skipped": "timeout", "yielded": "busy"}
+            return {j: why[o] for j, r in enumerate(replies) if (o := getattr(r, "outcome", None)) in why}
         now = time.time()
-        return {j for j, r in enumerate(reqs) if r.deadline is not None and now >= r.deadline}
+        return {j: "timeout" for j, r in enumerate(reqs) if r.deadline is not None and now >= r.deadline}
 
 
 class SentenceDrafts:

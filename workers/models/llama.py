@@ -174,7 +174,7 @@ def qwen_gguf(cache_dir: Path | None = None) -> Path:
     return assemble(parts, dest, QWEN_GGUF_SHA256)
 
 
-Outcome = Literal["stop", "length", "cut", "skipped", "overlong"]
+Outcome = Literal["stop", "length", "cut", "skipped", "overlong", "yielded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +183,8 @@ class ReplyTiming:
 
     outcome: "stop" (the model ended its reply), "length" (the token budget ended it; tidied), "cut" (the time
     budget ended it: the reply is dropped), "skipped" (the time budget was spent before it started: ""),
-    "overlong" (prompt and token budget exceed the context window: "", and the other requests still answered).
+    "overlong" (prompt and token budget exceed the context window: "", and the other requests still answered),
+    "yielded" (`interrupt` said others wait: dropped, or not started).
     """
 
     outcome: Outcome
@@ -201,10 +202,13 @@ class _Stream:
     consistent for the next request (abandoning a stream would not).
     """
 
-    def __init__(self, t0: float, deadline: float, on_text: Callable[[str], None] | None) -> None:
+    def __init__(self, t0: float, deadline: float, on_text: Callable[[str], None] | None,
+                 interrupt: Callable[[], bool] | None = None) -> None:
         self.t0 = t0
         self.deadline = deadline
         self.on_text = on_text
+        self.interrupt = interrupt
+        self.yielded = False
         self.parts: list[str] = []
         self.first: float | None = None
         self.finish: str | None = None
@@ -230,7 +234,9 @@ class _Stream:
                 self.finish = choice["finish_reason"]
         if self.finish is None and time.perf_counter() >= self.deadline:
             self.cut = True
-        return self.cut
+        if self.finish is None and not self.cut and self.interrupt is not None and self.interrupt():
+            self.yielded = True
+        return self.cut or self.yielded
 
 
 def gpu_backend(devices: Sequence[dict[str, Any]]) -> str | None:
@@ -248,6 +254,7 @@ class LlamaCppGenerator:
 
     streams = True  # generate(..., on_text=) hands out each reply as it is written (prompts.StreamingGenerator)
     prefills = True  # prefill() fills the prompt cache (prompts.PrefillingGenerator)
+    yields = True  # stops when `interrupt()` says others wait (prompts.YieldingGenerator)
 
     def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
                  threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048,
@@ -268,6 +275,9 @@ class LlamaCppGenerator:
         self.last_stats: GenerationStats | None = None
         self.last_replies: list[ReplyTiming] = []
         self._server: Any = None
+        # Asked at every streamed token while a reply is written: True stops it and the call's other replies (each
+        # "" with outcome "yielded"), the caller's sign that messages wait behind them. Set by GeneratedAnswers.
+        self.interrupt: Callable[[], bool] | None = None
         # The last replies the model ended itself, seconds: a request with less time left than the quickest of them
         # is not started.
         self.reply_seconds: deque[float] = deque(maxlen=16)
@@ -330,6 +340,10 @@ class LlamaCppGenerator:
         texts: list[str] = []
         replies: list[ReplyTiming] = []
         for i, req in enumerate(requests):
+            if replies and replies[-1].outcome == "yielded":
+                texts.append("")
+                replies.append(ReplyTiming("yielded", 0.0, None, 0, 0))
+                continue
             now = time.perf_counter()
             deadline = call_deadline if req.deadline is None else min(call_deadline, now + req.deadline - time.time())
             # Not started where even the quickest recent reply would not fit: the batch's later requests get the
@@ -353,7 +367,7 @@ class LlamaCppGenerator:
     def _one(self, req: GenerationRequest, max_tokens: int, deadline: float,
              on_text: Callable[[str], None] | None) -> tuple[str, ReplyTiming]:
         t0 = time.perf_counter()
-        stream = _Stream(t0, deadline, on_text)
+        stream = _Stream(t0, deadline, on_text, self.interrupt)
         self._server.handle_chat_completions(
             {"messages": build_messages(req), "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
              "cache_prompt": True, "stream_options": {"include_usage": True}}, stream)
@@ -367,6 +381,8 @@ class LlamaCppGenerator:
         new_tokens = int(stream.usage.get("completion_tokens", len(stream.parts)))
         prompt = int(stream.usage.get("prompt_tokens", 0))
         cached = int((stream.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+        if stream.yielded:
+            return "", ReplyTiming("yielded", seconds, first, prompt, new_tokens, cached)
         if stream.cut:
             # A reply the clock cut is dropped, not tidied: its whole sentences are the opening ones, often a
             # pleasantry ("Sorry to hear that.") with the policy facts still to come, and where the domain lists

@@ -91,6 +91,14 @@ class PrefillingGenerator(Generator, Protocol):
         ...
 
 
+class YieldingGenerator(Generator, Protocol):
+    """A generator that stops writing when told that others wait: it says so with `yields = True`, and asks
+    `interrupt()` as it writes (True: the reply in progress and the call's rest are "")."""
+
+    yields: bool
+    interrupt: Callable[[], bool] | None
+
+
 class StreamingGenerator(Generator, Protocol):
     """A generator that can hand out each reply as it is written: it says so with `streams = True` (a protocol's
     isinstance checks names, not signatures)."""

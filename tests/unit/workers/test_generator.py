@@ -22,6 +22,7 @@ from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from workers.domains import AnswerBook, Domain, load_domain
 from workers.model import Item, Prediction
+from workers.models import generator
 from workers.models.generator import (
     CausalLMGenerator,
     GeneratedAnswers,
@@ -558,3 +559,28 @@ def test_under_load_the_template_goes_out_at_once_marked_busy() -> None:
     (one,) = model.predict([Item("card declined")])
     assert one.answer == "Please retry." and one.fallback is None
     assert GeneratedAnswers(KeywordClassifier(), gen).predict([Item("a"), Item("b")])[0].fallback is None  # no gate
+
+
+class YieldingScript(ScriptedGenerator):
+    """A scripted generator that writes for 0.3 s and then yields, as a writer told that messages wait does."""
+
+    yields = True
+    interrupt: Callable[[], bool] | None = None
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        self.seen.extend(requests)
+        time.sleep(0.3)
+        self.last_replies = [dataclasses.make_dataclass("R", ["outcome"])("yielded") for _ in requests]
+        return ["" for _ in requests]
+
+
+def test_a_reply_that_yielded_still_counts_what_writing_costs_so_a_busy_tier_stops_trying(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(generator, "RATE_WINDOW_S", 1.0)  # the tier's rate over the last second
+    gen = YieldingScript([])
+    model = GeneratedAnswers(KeywordClassifier(), gen, max_held=0.5)
+    model.queue_probe = lambda: (lambda: 0)
+    assert model.predict([Item("card declined")])[0].fallback == "busy" and len(gen.seen) == 1
+    # a second message at once: 2 a second x 0.3 s a reply = 0.6 held > 0.5, so not tried (a yielded reply that
+    # counted for nothing would look free, and every message would pay for a prefill)
+    assert model.predict([Item("card declined")])[0].fallback == "busy" and len(gen.seen) == 1

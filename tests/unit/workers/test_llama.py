@@ -186,3 +186,14 @@ def test_a_request_s_own_deadline_bounds_its_reply_and_an_unreachable_one_is_not
     (pred,) = model.predict([Item(EN.text, "en", received_ms=int((time.time() - 60.0) * 1000))])
     assert (pred.fallback, pred.answer) == ("timeout", EN_POLICY)
     assert qwen.last_replies[0].outcome == "skipped"
+
+
+def test_a_writer_told_that_messages_wait_stops_and_its_batch_gets_the_templates(qwen: LlamaCppGenerator) -> None:
+    qwen.reply_seconds.clear()
+    model = GeneratedAnswers(_ReturnsPolicy(), qwen, max_held=0.5)
+    model.queue_probe = lambda: (lambda: 1)  # a message reached the tier once writing began
+    (pred,) = model.predict([Item(EN.text, "en")])
+    assert (pred.fallback, pred.answer) == ("busy", EN_POLICY)
+    (reply,) = qwen.last_replies
+    assert reply.outcome == "yielded" and reply.new_tokens < 64
+    assert qwen.interrupt is None  # the next call writes unless told again
