@@ -421,12 +421,14 @@ class GeneratedAnswers:
 
 
     def _arrival_rate(self, n: int) -> float:
-        """Messages a second reaching this model over the last RATE_WINDOW_S, `n` now included."""
+        """Messages a second that reached this model over the last RATE_WINDOW_S before the `n` now (recorded for
+        the next call): what is expected to arrive while they are written."""
         now = time.monotonic()
-        self._arrivals.append((now, n))
-        while self._arrivals[0][0] < now - RATE_WINDOW_S:
+        while self._arrivals and self._arrivals[0][0] < now - RATE_WINDOW_S:
             self._arrivals.popleft()
-        return sum(k for _, k in self._arrivals) / RATE_WINDOW_S
+        before = sum(k for _, k in self._arrivals)
+        self._arrivals.append((now, n))
+        return before / RATE_WINDOW_S
 
     def _stopped(self, reqs: Sequence[GenerationRequest]) -> dict[int, str]:
         """The requests of the last call whose reply was not written, and why: "timeout" (the clock), "busy" (it
