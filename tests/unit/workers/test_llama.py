@@ -197,3 +197,17 @@ def test_a_writer_told_that_messages_wait_stops_and_its_batch_gets_the_templates
     (reply,) = qwen.last_replies
     assert reply.outcome == "yielded" and reply.new_tokens < 64
     assert qwen.interrupt is None  # the next call writes unless told again
+
+
+def test_a_prefill_is_stopped_between_its_chunks(qwen: LlamaCppGenerator) -> None:
+    # A prompt no earlier test read (nothing cached), several chunks long: told at once that messages wait, the
+    # writer stops while reading it, before any token is written.
+    fresh = dataclasses.replace(EN, text="I ordered a blue jacket in size M, but a red one in size L came. " * 4,
+                                reference=EN_POLICY * 3)
+    qwen.interrupt = lambda: True
+    try:
+        assert qwen.generate([fresh]) == [""]
+    finally:
+        qwen.interrupt = None
+    (reply,) = qwen.last_replies
+    assert reply.outcome == "yielded" and reply.first_token_s is None and reply.new_tokens == 0
