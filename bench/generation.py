@@ -38,6 +38,7 @@ from workers.models.llama import LlamaCppGenerator
 from workers.models.prompts import (
     SENTENCE_END,
     GenerationRequest,
+    Generator,
     StreamingGenerator,
     in_language,
     invented_numbers,
@@ -63,17 +64,41 @@ class Reply:
     first_sentence_s: float | None  # until the streamed reply held its first whole sentence (streaming writers)
     prompt_tokens: int = 0  # llama.cpp's count (0: another backend)
     cached_tokens: int = 0  # of them, taken from the prompt cache instead of prefilled
+    first_token_s: float | None = None  # until the first token (the prompt read): llama.cpp backends
+    new_tokens: int = 0  # the reply's tokens (0: another backend)
+    drafted: int = 0  # n-gram draft tokens guessed, and accepted (LlamaCppGenerator's draft_ngram)
+    accepted: int = 0
+
+
+def check_messages(n: int) -> list[dict[str, str]]:
+    """The first n/2 English and n/2 Chinese messages of the shop pack's check set, ids added, in a fixed random
+    order: the check set is sorted by intent, and real traffic is not; in its order, every other message would find
+    its policy in the writer's prompt cache already."""
+    domain = load_domain("ecommerce")
+    assert domain.check is not None
+    rows = [json.loads(x) for x in domain.check.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for i, r in enumerate(rows):
+        r["id"] = f"check-{i:03d}"
+    messages = [r for r in rows if r["lang"] == "en"][:n // 2] + [r for r in rows if r["lang"] == "zh"][:n // 2]
+    random.Random(0).shuffle(messages)
+    return messages
 
 
 def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: int, timeout_s: float,
             threads: int, cache_mib: int) -> list[Reply]:
     """Each message through the heavy classifier and `backend`'s writer, one at a time."""
-    from workers.models.registry import generator_from_settings, tier_model
+    from workers.models.registry import generator_from_settings
 
     s = Settings(domain="ecommerce", heavy_generator=backend, generator_max_new_tokens=max_new_tokens,
                  generator_timeout_s=timeout_s, generator_threads=threads, generator_cache_mib=cache_mib)
-    classifier = tier_model(s.updated(heavy_generator=None), Tier.HEAVY)
-    gen = generator_from_settings(s)
+    return measure_with(generator_from_settings(s), messages)
+
+
+def measure_with(gen: Generator, messages: Sequence[dict[str, str]]) -> list[Reply]:
+    """Each message through the heavy classifier and `gen`, one at a time (`gen.setup` is called here)."""
+    from workers.models.registry import tier_model
+
+    classifier = tier_model(Settings(domain="ecommerce", heavy_generator=None), Tier.HEAVY)
     model = GeneratedAnswers(classifier, gen, load_domain("ecommerce"))
     model.setup("cpu")
     out = []
@@ -99,7 +124,9 @@ def measure(backend: str, messages: Sequence[dict[str, str]], max_new_tokens: in
                          reason is None and sent != text.strip(), sent if reason is None else pred.answer,
                          missing, misplaced, invented,
                          took, first[0] if first else None, timing.prompt_tokens if timing else 0,
-                         timing.cached_tokens if timing else 0))
+                         timing.cached_tokens if timing else 0, timing.first_token_s if timing else None,
+                         timing.new_tokens if timing else 0, timing.drafted if timing else 0,
+                         timing.accepted if timing else 0))
     return out
 
 
@@ -142,6 +169,45 @@ def table(backend: str, replies: Sequence[Reply]) -> list[str]:
     return lines
 
 
+# Issue 34's targets for the writer on 2 CPU cores beside the pipeline.
+FIRST_SENTENCE_P50_S = 1.0
+WHOLE_P50_S = 2.5
+WHOLE_P95_S = 5.0
+SENT_SHARE = 0.9
+
+
+def _against(value: float, target: float, unit: str = " s") -> str:
+    return (f"{value:.1f}{unit} (target <= {target:g}{unit}: met)" if value <= target
+            else f"**{value:.1f}{unit}**, {value / target:.1f}x the target of {target:g}{unit}")
+
+
+def targets(label: str, replies: Sequence[Reply]) -> list[str]:
+    """The targets against one configuration's replies, and where a reply's time goes (llama.cpp's split)."""
+    firsts = [r.first_sentence_s for r in replies if r.first_sentence_s is not None]
+    secs = [r.seconds for r in replies]
+    sent = sum(r.reason is None for r in replies) / len(replies)
+    lines = [f"Targets, against {label} on all {len(replies)} messages:", ""]
+    if firsts:
+        lines.append(f"- first sentence p50: {_against(statistics.median(firsts), FIRST_SENTENCE_P50_S)}")
+    lines += [f"- whole reply p50: {_against(statistics.median(secs), WHOLE_P50_S)}; "
+              f"p95: {_against(_p(secs, 0.95), WHOLE_P95_S)}",
+              f"- sent as written: {sent:.0%} (target >= {SENT_SHARE:.0%}: "
+              f"{'met' if sent >= SENT_SHARE else '**not met**'})"]
+    timed = [r for r in replies if r.first_token_s and r.new_tokens > 1 and r.seconds > r.first_token_s]
+    if timed:
+        read = statistics.median(r.prompt_tokens - r.cached_tokens for r in timed)
+        read_s = statistics.median(r.first_token_s or 0.0 for r in timed)
+        prefill = statistics.median((r.prompt_tokens - r.cached_tokens) / (r.first_token_s or 1.0) for r in timed)
+        decode = statistics.median((r.new_tokens - 1) / (r.seconds - (r.first_token_s or 0.0)) for r in timed)
+        written = statistics.median(r.new_tokens for r in timed)
+        lines += ["", f"Where a reply's time goes (medians): {read:.0f} prompt tokens not in the prompt cache, read in "
+                  f"{read_s:.1f} s ({prefill:.0f} tokens/s) before the first token, then {written:.0f} tokens "
+                  f"written at {decode:.1f} tokens/s. The prompt read alone takes "
+                  f"{read_s / FIRST_SENTENCE_P50_S:.1f}x the first sentence's target: the latency targets ask for a "
+                  f"writer several times faster per token on this CPU (BENCHMARKS.md, \"The writer's speed\")."]
+    return lines
+
+
 def problems(r: Reply) -> str:
     """The guard's findings on one reply, for the fallbacks table."""
     parts = [*(f"dropped {f}" for f in r.missing), *(f"{f} said of something else" for f in r.misplaced),
@@ -169,16 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = Settings().generator
     budget = args.max_new_tokens or defaults.max_new_tokens
     timeout = args.timeout or defaults.timeout_s
-    domain = load_domain("ecommerce")
-    assert domain.check is not None
-    rows = [json.loads(x) for x in domain.check.read_text(encoding="utf-8").splitlines() if x.strip()]
-    for i, r in enumerate(rows):
-        r["id"] = f"check-{i:03d}"
-    half = args.n // 2
-    messages = [r for r in rows if r["lang"] == "en"][:half] + [r for r in rows if r["lang"] == "zh"][:half]
-    # In a fixed random order: the check set is sorted by intent, and real traffic is not; in its order, every other
-    # message would find its policy in the writer's prompt cache already.
-    random.Random(0).shuffle(messages)
+    messages = check_messages(args.n)
     n_en = sum(r["lang"] == "en" for r in messages)  # the check set may hold fewer than n/2 of a language
     lines = ["| backend | language | messages | intent right | empty replies | raw replies in the right language | "
              "raw replies keeping every key fact where it belongs | raw replies with a made-up number | "
@@ -190,10 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples: list[str] = []
     caches = [int(c) for c in args.cache_mib.split(",")] if args.cache_mib else [defaults.cache_mib]
     runs = [(b.strip(), c) for b in args.backend.split(",") if b.strip() for c in caches]
+    goals: list[str] = []
     for b, cache in runs:
         backend = b if len(caches) == 1 else f"{b}, prompt cache {cache} MiB"
         replies = measure(b, messages, budget, timeout, args.threads, cache)
         lines += table(backend, replies)
+        goals = goals or targets(backend, replies)
         for r in replies:
             if r.reason:
                 failures.append(f"| {backend} | {r.rid} | {r.lang} | {r.predicted} | {r.reason} | "
@@ -216,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Sent answers are all in the customer's language, keep every key fact in a sentence about what the policy "
         "says it is about (a fact's `near` words in workers/domains/ecommerce/policies.json) and hold no number "
         "that neither the policy nor the customer gave: the guard sends the template otherwise (the fallbacks "
-        "column).", "",
+        "column).", "", *goals, "",
         "Fallbacks, each (facts by their first spelling):", "",
         "| backend | message | lang | intent | reason | what the guard found | reply (start) |",
         "|---|---|---|---|---|---|---|",

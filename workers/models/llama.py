@@ -196,6 +196,8 @@ class ReplyTiming:
     prompt_tokens: int
     new_tokens: int  # the reply's tokens, as llama.cpp counts them (the end-of-turn token excluded)
     cached_tokens: int = 0  # of prompt_tokens, those the prompt cache spared a prefill
+    drafted: int = 0  # tokens n-gram drafts guessed (`draft_ngram`), and of them the model accepted
+    accepted: int = 0
 
 
 class _Stream:
@@ -216,6 +218,7 @@ class _Stream:
         self.first: float | None = None
         self.finish: str | None = None
         self.usage: dict[str, Any] = {}
+        self.timings: dict[str, Any] = {}
         self.error: dict[str, Any] | None = None
         self.cut = False
 
@@ -225,6 +228,8 @@ class _Stream:
             return True
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+        if chunk.get("timings"):
+            self.timings = chunk["timings"]
         for choice in chunk.get("choices") or ():
             text = (choice.get("delta") or {}).get("content")
             if text:
@@ -261,11 +266,13 @@ class LlamaCppGenerator:
 
     def __init__(self, gguf_path: str | Path, max_new_tokens: int = 64, name: str | None = None,
                  threads: int | None = None, timeout_s: float = 20.0, n_ctx: int = 2048,
-                 cache_mib: int = 256) -> None:
+                 cache_mib: int = 256, draft_ngram: tuple[int, int] | None = None) -> None:
         """`timeout_s`: the wall-clock budget of one `generate` call, in seconds; requests it does not reach get "".
         It is checked at every streamed token and, on a CPU, every PREFILL_CHUNK prompt tokens.
         `threads`: llama.cpp's CPU threads, decode and prefill (None: llama.cpp's default, every core).
-        `cache_mib`: host memory for llama.cpp's prompt cache (0: only the last prompt's state, in the KV cache)."""
+        `cache_mib`: host memory for llama.cpp's prompt cache (0: only the last prompt's state, in the KV cache).
+        `draft_ngram`: (n, m): llama.cpp's n-gram drafts, the m tokens after where the reply's last n occur earlier
+        checked in one batch (bench.writer_speed: slower on one CPU thread, so off by default)."""
         self.gguf_path = Path(gguf_path)
         self.max_new_tokens = max_new_tokens
         self.name = name or self.gguf_path.stem
@@ -273,6 +280,7 @@ class LlamaCppGenerator:
         self.timeout_s = timeout_s
         self.n_ctx = n_ctx
         self.cache_mib = cache_mib
+        self.draft_ngram = draft_ngram
         self.device = "cpu"
         self.load_seconds = 0.0
         self.last_stats: GenerationStats | None = None
@@ -316,6 +324,12 @@ class LlamaCppGenerator:
             # (`return_progress`): the deadline and `interrupt` are asked there too, so a ~200-token prefill (5-9 s
             # on one busy CPU thread) can be stopped within a chunk's 1-2 s.
             params.n_batch = params.n_ubatch = PREFILL_CHUNK
+        if self.draft_ngram is not None:
+            n, m = self.draft_ngram
+            spec = params.speculative
+            spec.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
+            spec.ngram_simple.size_n, spec.ngram_simple.size_m = n, m
+            spec.draft.n_max = m
         params.verbosity = -1  # llama.cpp's server logs every slot and request to stderr otherwise
         if self.threads:
             params.cpuparams.n_threads = self.threads
@@ -397,8 +411,10 @@ class LlamaCppGenerator:
             # no facts the guard could not tell; the template answer is complete.
             return "", ReplyTiming("cut", seconds, first, prompt, new_tokens, cached)
         outcome: Outcome = "length" if stream.finish == "length" else "stop"
+        drafted, accepted = int(stream.timings.get("draft_n", 0)), int(stream.timings.get("draft_n_accepted", 0))
         # A budget-ended reply is tidied (its unfinished last sentence dropped), as CausalLMGenerator's are.
-        return tidy("".join(stream.parts)), ReplyTiming(outcome, seconds, first, prompt, new_tokens, cached)
+        return tidy("".join(stream.parts)), ReplyTiming(outcome, seconds, first, prompt, new_tokens, cached,
+                                                        drafted, accepted)
 
 
 # The self-measure's grounded prompts: the article's warranty case, in English and Chinese, with its key facts.

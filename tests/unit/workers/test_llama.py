@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from workers.model import Item, Prediction
-from workers.models.generator import GeneratedAnswers
+from workers.models.generator import GeneratedAnswers, smollm2_gguf
 from workers.models.llama import LlamaCppGenerator, assemble, gpu_backend, qwen_gguf, verified
 from workers.models.prompts import Fact, GenerationRequest, Generator, in_language, missing_facts
 
@@ -211,3 +211,20 @@ def test_a_prefill_is_stopped_between_its_chunks(qwen: LlamaCppGenerator) -> Non
         qwen.interrupt = None
     (reply,) = qwen.last_replies
     assert reply.outcome == "yielded" and reply.first_token_s is None and reply.new_tokens == 0
+
+
+def test_n_gram_drafts_are_guessed_and_checked_by_the_model() -> None:
+    # SmolLM2-135M (seconds to load): the drafts are the runtime's, whatever the weights. A reply that quotes its
+    # policy finds its last 3 tokens earlier in the prompt, so llama.cpp guesses the next ones from there.
+    pytest.importorskip("xllamacpp", reason="xllamacpp is not installed (make demo installs it)")
+    try:
+        path = smollm2_gguf()
+    except ConfigError as e:
+        pytest.skip(f"the SmolLM2 GGUF is not installed: {e}")
+    gen = LlamaCppGenerator(path, max_new_tokens=48, threads=1, timeout_s=120.0, draft_ngram=(3, 8))
+    gen.setup("cpu")
+    quote = dataclasses.replace(EN, text="Please quote your returns policy to me word for word.")
+    (text,) = gen.generate([quote])
+    (reply,) = gen.last_replies
+    assert text and reply.outcome in ("stop", "length")
+    assert reply.drafted > 0 and 0 <= reply.accepted <= reply.drafted
