@@ -423,6 +423,7 @@ class Settings(BaseSettings):
         env["TIERFLOW_HEAVY_GENERATOR"] = self.heavy.generator or "none"
         if self.heavy.generator:
             env["TIERFLOW_GENERATOR_TIMEOUT_S"] = str(self.generator.timeout_s)
+            env["TIERFLOW_GENERATOR_MAX_HELD"] = str(self.generator.max_held)
             if self.generator.threads:
                 env["TIERFLOW_GENERATOR_THREADS"] = str(self.generator.threads)
         return env
