@@ -8,8 +8,9 @@ session's broker and Redis) as an operator would, points a Prometheus server (De
 requests and asks Prometheus, through its HTTP API, whether every target is up, whether ingest's request
 counter arrived and whether any alert is pending on the healthy stack (none may be). Then it stops the heavy
 worker (SIGSTOP: `up` would restart one that exited) and waits for TierflowHeavyDegraded to fire within its
-`for:`. It reads metrics, not the broker: it runs on the default broker's pass only (on tansu's it would add
-its `for:` again to the suite's time for no new coverage).
+`for:` (shortened to 10 s in the rules it loads: promtool checks the deployed 2 minutes). It reads metrics, not
+the broker: it runs on the default broker's pass only (on tansu's it would add its time again to the suite's for
+no new coverage).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ pytestmark = pytest.mark.integration
 
 JOBS = [name for name, _ in AGENTS]  # ingest, worker-light, worker-heavy, worker-multimodal, feedback
 ALERT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+# The degraded alert's `for:` in the rules this test loads: deploy's 2 minutes would be 2 minutes of waiting, and
+# promtool already checks the deployed `for:` (tests/prometheus/alerts_test.yml, test_alert_rules.py). The rule's
+# expression, the metrics it reads and Prometheus' pending-then-firing are what this test adds, on a shorter `for:`.
+DEGRADED_FOR = "10s"
 DETECT_S = 20.0  # heavy stopped -> alert pending: heartbeat TTL 5 s, ingest's check, a 1 s scrape, a 1 s evaluation
 UP_READY_TIMEOUT_S = 180.0
 SCRAPE_TIMEOUT_S = 60.0
@@ -99,18 +104,28 @@ def wait_for_line(proc: Proc, needle: str, timeout_s: float) -> str:
         time.sleep(0.2)
 
 
-def prometheus_config(path: Path, ports: dict[str, int]) -> Path:
-    jobs = "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-                   for job, port in ports.items())
-    path.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-                    f"rule_files:\n  - {ALERT_RULES}\nscrape_configs:\n{jobs}")
+def shortened_rules(path: Path, alert: str, for_: str) -> Path:
+    """deploy/prometheus/alerts.yml with `alert`'s `for:` set to `for_`, written to `path`; every other rule as is."""
+    rules = yaml.safe_load(ALERT_RULES.read_text())
+    found = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
+    assert len(found) == 1, f"{alert} not in {ALERT_RULES}"
+    found[0]["for"] = for_
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
     return path
 
 
-def rule_for_s(alert: str) -> float:
+def prometheus_config(path: Path, ports: dict[str, int], rules: Path) -> Path:
+    jobs = "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+                   for job, port in ports.items())
+    path.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+                    f"rule_files:\n  - {rules}\nscrape_configs:\n{jobs}")
+    return path
+
+
+def rule_for_s(rules: Path, alert: str) -> float:
     """An alert's `for:` in seconds, from the rules file Prometheus loaded."""
     units = {"s": 1, "m": 60, "h": 3600}
-    for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]:
+    for group in yaml.safe_load(rules.read_text())["groups"]:
         for rule in group["rules"]:
             if rule.get("alert") == alert:
                 text = str(rule.get("for", "0s"))
@@ -159,7 +174,8 @@ def test_prometheus_scrapes_every_agent_of_tierflow_up(settings_factory: Callabl
             assert port_open("127.0.0.1", port), f"{job}: nothing listens on :{port} after the banner\n{banner}"
 
         prom_port = free_port()
-        config = prometheus_config(tmp_path / "prometheus.yml", ports)
+        rules = shortened_rules(tmp_path / "alerts.yml", "TierflowHeavyDegraded", DEGRADED_FOR)
+        config = prometheus_config(tmp_path / "prometheus.yml", ports, rules)
         prom = stack.spawn("prometheus", [binary, f"--config.file={config}",
                                           f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                           f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
@@ -245,7 +261,7 @@ def test_prometheus_scrapes_every_agent_of_tierflow_up(settings_factory: Callabl
 
         pids = heavy_pids(s)
         assert pids, "no heavy worker heartbeat"
-        for_s = rule_for_s("TierflowHeavyDegraded")
+        for_s = rule_for_s(rules, "TierflowHeavyDegraded")
         t_stop = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)

@@ -93,8 +93,10 @@ def live_latency(s: Settings, live: Live, n_other: int) -> dict[str, float]:
 def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., Settings], guarded: bool,
                                                strict: bool, broker: EmbeddedBroker | None) -> None:
     """10,000 recorded requests replayed beside 500 msg/s of live traffic: one replay-marked answer each, live
-    p95 within 20% of live p95 without a replay, and a second replay of the range answers nothing again.
+    p95 within 20% of live p95 without a replay (`strict`), and a second replay of the range answers nothing again.
 
+    The latency comparison runs in the slow variants only: the default one checks the replay's answers, as many
+    seconds again of a second pipeline for a p95 it could not assert would double its time.
     The two p95s are measured A/B: the same live traffic, over the same span of pipeline age, on two
     fresh pipelines of which one replays. On the embedded broker live latency creeps up the longer
     traffic flows, replay or not (tansu's in-memory log makes a fetch cost time in proportion to the
@@ -154,6 +156,9 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
         extra = [a for a in values(drain(answers, lambda ms: False, timeout=3)) if a["replay"]]
         assert extra == []
         answers.close()
+    assert all(i in {a["request_id"] for a in got} for i in during.sent)  # live answers went on meanwhile
+    if guarded and not strict:
+        return  # the default variant: no latency comparison asked of it
     lat_during = {a["request_id"]: a["timings_ms"]["total"] for a in got if not a["replay"]}
 
     # A: another fresh pipeline, the same live traffic for as long, no replay.
@@ -163,7 +168,7 @@ def test_replay_time_range_beside_live_traffic(settings_factory: Callable[..., S
             time.sleep(last / LIVE_RATE + 0.5)
         lat_base = live_latency(s3, base, 0)
 
-    assert all(i in lat_base for i in base.sent) and all(i in lat_during for i in during.sent)
+    assert all(i in lat_base for i in base.sent)
     # The same span of live traffic in both: from the replay's start to a second after its last answer.
     p95_base = p95([lat_base[i] for i in base.sent[first:last]])
     p95_during = p95([lat_during[i] for i in during.sent[first:last]])
