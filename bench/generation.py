@@ -181,11 +181,30 @@ def _against(value: float, target: float, unit: str = " s") -> str:
             else f"**{value:.1f}{unit}**, {value / target:.1f}x the target of {target:g}{unit}")
 
 
+def sent_share(replies: Sequence[Reply]) -> float:
+    """The share of replies the guard let out as written."""
+    return sum(r.reason is None for r in replies) / len(replies)
+
+
+def timed(replies: Sequence[Reply]) -> list[Reply]:
+    """The replies llama.cpp timed apart: a prompt read, then more than one token written after it."""
+    return [r for r in replies if r.first_token_s and r.new_tokens > 1 and r.seconds > r.first_token_s]
+
+
+def rates(replies: Sequence[Reply]) -> tuple[float, float]:
+    """Median prompt-read and writing speeds of the timed replies, tokens/s ((0, 0) when none was timed)."""
+    ts = timed(replies)
+    if not ts:
+        return 0.0, 0.0
+    return (statistics.median((r.prompt_tokens - r.cached_tokens) / (r.first_token_s or 1.0) for r in ts),
+            statistics.median((r.new_tokens - 1) / (r.seconds - (r.first_token_s or 0.0)) for r in ts))
+
+
 def targets(label: str, replies: Sequence[Reply]) -> list[str]:
     """The targets against one configuration's replies, and where a reply's time goes (llama.cpp's split)."""
     firsts = [r.first_sentence_s for r in replies if r.first_sentence_s is not None]
     secs = [r.seconds for r in replies]
-    sent = sum(r.reason is None for r in replies) / len(replies)
+    sent = sent_share(replies)
     lines = [f"Targets, against {label} on all {len(replies)} messages:", ""]
     if firsts:
         lines.append(f"- first sentence p50: {_against(statistics.median(firsts), FIRST_SENTENCE_P50_S)}")
@@ -193,13 +212,12 @@ def targets(label: str, replies: Sequence[Reply]) -> list[str]:
               f"p95: {_against(_p(secs, 0.95), WHOLE_P95_S)}",
               f"- sent as written: {sent:.0%} (target >= {SENT_SHARE:.0%}: "
               f"{'met' if sent >= SENT_SHARE else '**not met**'})"]
-    timed = [r for r in replies if r.first_token_s and r.new_tokens > 1 and r.seconds > r.first_token_s]
-    if timed:
-        read = statistics.median(r.prompt_tokens - r.cached_tokens for r in timed)
-        read_s = statistics.median(r.first_token_s or 0.0 for r in timed)
-        prefill = statistics.median((r.prompt_tokens - r.cached_tokens) / (r.first_token_s or 1.0) for r in timed)
-        decode = statistics.median((r.new_tokens - 1) / (r.seconds - (r.first_token_s or 0.0)) for r in timed)
-        written = statistics.median(r.new_tokens for r in timed)
+    ts = timed(replies)
+    if ts:
+        read = statistics.median(r.prompt_tokens - r.cached_tokens for r in ts)
+        read_s = statistics.median(r.first_token_s or 0.0 for r in ts)
+        prefill, decode = rates(ts)
+        written = statistics.median(r.new_tokens for r in ts)
         lines += ["", f"Where a reply's time goes (medians): {read:.0f} prompt tokens not in the prompt cache, read in "
                   f"{read_s:.1f} s ({prefill:.0f} tokens/s) before the first token, then {written:.0f} tokens "
                   f"written at {decode:.1f} tokens/s. The prompt read alone takes "

@@ -30,6 +30,8 @@ from bench.generation import (
     _p,
     check_messages,
     measure_with,
+    rates,
+    sent_share,
 )
 from workers.models.generator import smollm2_gguf
 from workers.models.llama import LlamaCppGenerator, qwen_gguf
@@ -64,27 +66,19 @@ class Config:
                                  draft_ngram=DRAFT_NGRAM if self.draft else None)
 
 
-def rates(replies: Sequence[Reply]) -> tuple[float, float]:
-    """Median prompt-read and writing speeds, tokens/s."""
-    timed = [r for r in replies if r.first_token_s and r.new_tokens > 1 and r.seconds > r.first_token_s]
-    if not timed:
-        return 0.0, 0.0
-    return (statistics.median((r.prompt_tokens - r.cached_tokens) / (r.first_token_s or 1.0) for r in timed),
-            statistics.median((r.new_tokens - 1) / (r.seconds - (r.first_token_s or 0.0)) for r in timed))
-
-
-def row(cfg: Config, replies: Sequence[Reply], base: Sequence[Reply]) -> tuple[str, float, float, float]:
+def row(cfg: Config, replies: Sequence[Reply], base: Sequence[Reply]) -> tuple[str, float, float, float, float]:
+    """The table's line for one configuration, and its first sentence p50, whole reply p50 and p95, share sent."""
     firsts = [r.first_sentence_s or r.seconds for r in replies]
     secs = [r.seconds for r in replies]
     read, write = rates(replies)
-    sent = sum(r.reason is None for r in replies) / len(replies)
+    sent = sent_share(replies)
     same = sum(a.text == b.text for a, b in zip(replies, base, strict=True))
     first, whole = statistics.median(firsts), statistics.median(secs)
     drafted, accepted = sum(r.drafted for r in replies), sum(r.accepted for r in replies)
     drafts = f"{accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else "-"
     line = (f"| {cfg.label} | {len(replies)} | {first:.1f} s | {whole:.1f} s / {_p(secs, 0.95):.1f} s | "
             f"{read:.0f} | {write:.1f} | {drafts} | {sent:.0%} | {same}/{len(replies)} |")
-    return line, first, whole, _p(secs, 0.95)
+    return line, first, whole, _p(secs, 0.95), sent
 
 
 def conclusion(results: Sequence[tuple[Config, float, float, float, float]]) -> str:
@@ -129,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cfg in configs:
         replies = measure_with(cfg.generator(), messages)
         base = base or replies
-        line, first, whole, p95 = row(cfg, replies, base)
+        line, first, whole, p95, sent = row(cfg, replies, base)
         lines.append(line)
-        results.append((cfg, first, whole, p95, sum(r.reason is None for r in replies) / len(replies)))
+        results.append((cfg, first, whole, p95, sent))
         print(line, flush=True)
     verdicts = []
     for cfg, first, whole, p95, sent in results:
