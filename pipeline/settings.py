@@ -191,7 +191,7 @@ class HeavyTier(TierSection):
     runtime: Literal["auto", "torch", "onnx", "onnx-int8"] = Field(
         "auto", description="what runs the heavy encoder: torch (CPU or GPU), or on a CPU ONNX Runtime over an "
                             "export cached under data_dir/models (onnx: fp32; onnx-int8: int8 weights); 'auto': "
-                            "torch on a GPU, onnx on a CPU")
+                            "torch on a GPU, onnx-int8 on a CPU")
     generator: str | None = Field(
         "auto", description="the writer of heavy answers: 'auto' (the packaged Qwen on llama.cpp when installed, as "
                             "`make demo` installs it, and the heavy model is not echo), 'none' (the pack's policy "

@@ -116,13 +116,13 @@ def test_onnx_runtime_on_a_gpu_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     assert not (tmp_path / "models").exists()  # refused before any export
 
 
-def test_auto_is_onnx_on_a_cpu_and_torch_where_no_export_can_be_made(
+def test_auto_is_int8_onnx_on_a_cpu_and_torch_where_no_export_can_be_made(
     models: dict[str, EncoderClassifier], cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     auto = _heavy(cache, "auto")
-    assert auto.onnx_path() == models["onnx"].onnx_path()
+    assert auto.onnx_path() == models["onnx-int8"].onnx_path()
     auto.setup("cpu")  # the module's export, from the cache
-    assert auto.served_runtime == "onnx"
+    assert auto.served_runtime == "onnx-int8"
 
     def no_onnx(*args: object) -> None:
         raise ImportError("exporting the heavy encoder to ONNX needs the onnx package")
