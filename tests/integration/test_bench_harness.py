@@ -26,7 +26,7 @@ TINY = {
     "peers": (["--messages", "2000", "--rounds", "1", "--only", "tierflow,faust"], "faust: median"),
     "batching": (["--messages", "64", "--rounds", "1"], "| one at a time: msg/s | batched: msg/s |"),
     "feedback": (["--results", "3000", "--rounds", "1"], "| feedback agent, end to end |"),
-    "idle": (["--settle", "1", "--window", "2", "--sends", "1", "--configs", "default"], "| whole stack |"),
+    "idle": (["--settle", "1", "--window", "2", "--sends", "1", "--configs", "no-writer"], "| whole stack |"),
     "pipeline": (["--flat", "600", "--seconds", "1"], "| pipeline, echo model | flat out |"),
     "article_service": (["--messages", "20", "--seconds", "1", "--rate", "20"], "Throughput ratio"),
     "sustained": (["--minutes", "0.1", "--rate", "100", "--backlog", "2000", "--packaged-rates", "20",
