@@ -11,10 +11,11 @@ costs ~0.1 ms beside the transformer's milliseconds. Then a temperature-scaled s
 The transformer pass runs on torch (`heavy_runtime=torch`, CPU or GPU) or, on a CPU, on ONNX Runtime over an
 export of the same tuned model (`onnx`, `onnx-int8`: workers/models/onnx_encoder.py); everything around it is
 shared. `auto` (the default) is torch on a GPU and int8 ONNX on a CPU (`CPU_RUNTIME`), falling back to torch, with
-a warning, where the export cannot be made. int8 rather than fp32: on the shop pack it costs a third less CPU a
-message (4.6 vs 6.9 ms in batches of 32) and answers the held-out and check sets as well or better (99.89% vs
-99.78%, 93.75% vs 92.19% in English; bench.domain_quality, 2026-12-07); on BANKING77 it is 0.13 points under torch
-(BENCHMARKS.md, "Heavy runtime on CPU"); `onnx` gives torch's probabilities to ~1e-6.
+a warning, where the export cannot be made. int8 rather than fp32, one message a run (`_embed_onnx` says why): on the
+shop pack it answers the held-out set as well or better (99.89% vs 99.78% in English; the check set 92.19% both) for
+less CPU a message, 6.0 vs 6.3 ms in batches of 32 and 3.7 vs 6.0 ms one at a time, the common case at a chat's pace
+(bench.domain_quality, 2026-12-07; BENCHMARKS.md, "Heavy runtime on CPU"); on BANKING77 it is 0.13 points under
+torch. `onnx` gives torch's probabilities to ~1e-6.
 """
 
 from __future__ import annotations
@@ -279,11 +280,15 @@ class EncoderClassifier(CalibratedClassifier):
         return out
 
     def _embed_onnx(self, session: OnnxEncoder, texts: Sequence[str]) -> FloatArray:
-        """`embed` on ONNX Runtime: the same length-sorted CPU chunks and tokenisation, as numpy."""
+        """`embed` on ONNX Runtime: the same length-sorted CPU chunks and tokenisation, as numpy. With int8 weights
+        one message a run: dynamic quantisation scales each activation tensor by its own range, so in a chunk a
+        message's probabilities would move with its neighbours (by up to 0.003, tests/unit/workers/
+        test_models_text.py); alone, a batch answers as its messages one at a time, with no padding to pay for."""
+        chunk = 1 if self.served_runtime == "onnx-int8" else CPU_CHUNK
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.empty((len(texts), session.dim), dtype=np.float32)
-        for start in range(0, len(order), CPU_CHUNK):
-            idx = order[start : start + CPU_CHUNK]
+        for start in range(0, len(order), chunk):
+            idx = order[start : start + chunk]
             enc = self._tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_TOKENS,
                                   return_tensors="np")
             out[idx] = session.embed(enc["input_ids"], enc["attention_mask"])
