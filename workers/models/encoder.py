@@ -13,9 +13,10 @@ export of the same tuned model (`onnx`, `onnx-int8`: workers/models/onnx_encoder
 shared. `auto` (the default) is torch on a GPU and int8 ONNX on a CPU (`CPU_RUNTIME`), falling back to torch, with
 a warning, where the export cannot be made. int8 rather than fp32, one message a run (`_embed_onnx` says why): on the
 shop pack it answers the held-out set as well or better (99.89% vs 99.78% in English; the check set 92.19% both) for
-less CPU a message, 6.0 vs 6.3 ms in batches of 32 and 3.7 vs 6.0 ms one at a time, the common case at a chat's pace
-(bench.domain_quality, 2026-12-07; BENCHMARKS.md, "Heavy runtime on CPU"); on BANKING77 it is 0.13 points under
-torch. `onnx` gives torch's probabilities to ~1e-6.
+a little less CPU a message: 6.0 vs 6.3 ms in batches of 32 (bench.domain_quality), and one at a time, the common
+case at a chat's pace, 5.8 vs 6.9 ms, though batched on 2 threads its wall time is 4.7 vs 4.3 ms (BENCHMARKS.md,
+"Heavy runtime on CPU", 2026-12-07); on BANKING77 it is 0.10 points under torch. `onnx` gives torch's probabilities
+to ~1e-6.
 """
 
 from __future__ import annotations
