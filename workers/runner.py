@@ -143,7 +143,7 @@ class Worker:
         self.r = r or make_redis(settings)
         self.group = settings.group(f"workers-{tier.value}")
         self.consumer = make_member(settings, self.group)
-        self.consumer.listen(lambda: Bell(settings, [self.topics.tier(tier)]))  # ingest (and light) ring it
+        self.consumer.listen(lambda: Bell(settings, [self.topics.tier(tier)]), rung=True)  # ingest (and light) ring it
         self.dlq = DeadLetters(settings, f"worker:{tier.value}")
         # Backfill: its own consumer, producer and batches, taken only while no live record waits. Its producer
         # writes answers and results: the output codec.

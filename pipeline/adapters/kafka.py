@@ -181,11 +181,13 @@ class OrderedConsumer(Consumer):
         self._bell_factory: Callable[[], Bell] | None = None
         self._bell: Bell | None = None
 
-    def listen(self, bell: Callable[[], Bell], now: bool = False) -> None:
+    def listen(self, bell: Callable[[], Bell], now: bool = False, rung: bool = False) -> None:
         """Wake at once when `bell()`'s event is set, rather than at the next look. Made on the first rest, or `now`
         (a long-lived reader about to wait for records it is about to cause, as a benchmark's: subscribed before
-        the first ring; a one-shot command would pay the subscription's start-up for nothing)."""
+        the first ring; a one-shot command would pay the subscription's start-up for nothing). `rung`: every
+        writer of the topics rings (a tier topic: ingest and the light workers), so looks back off fully."""
         self._bell_factory = bell
+        self.pacer.rung = rung
         if now and self._bell is None:
             self._bell = bell()
 
@@ -339,8 +341,10 @@ class OrderedConsumer(Consumer):
         self.pacer.rest(now)
         if self._bell is None and self._bell_factory is not None:
             self._bell = self._bell_factory()
-        if self._bell is not None:
-            self._bell.event.clear()  # a ring while hot was for records already read
+        if self._bell is not None and not self.pacer.rung:
+            # A ring while hot was most likely for records already read. Where rings are all there is between
+            # looks 100 ms apart (`rung`), one that came in may not be dropped on a guess: it costs one look.
+            self._bell.event.clear()
 
     def _resume_points(self, parts: list[TopicPartition]) -> dict[tuple[str, int], int | None]:
         """Where partitions that have delivered nothing yet will be read from once resumed: the committed offset,

@@ -258,6 +258,7 @@ class Ingest:
 
     def _step_live(self, msgs: list[Message]) -> int:
         self.batch_at = coordinates(msgs)
+        self.consumer.away()  # routing, flushing and committing outlast a sparse rest: no fetch loop meanwhile
         t0 = time.perf_counter()
         th = self.cache.current
         health = self.monitor.health if self.monitor else HEALTHY

@@ -144,3 +144,34 @@ def test_after_a_long_quiet_a_new_stream_pace_is_learnt_within_a_few_records() -
     # the average gap is ~48 ms after ten records (the hour counted as a second): looks within 12 ms of each other,
     # where an hour counted in full would have let them double up to max_s (100 ms)
     assert max(waits) < 0.012 and waits[-1] > 0.011
+
+
+def test_where_records_come_far_apart_a_short_batch_is_away_long_enough_to_rest() -> None:
+    """At 50 msg/s a light worker's predict, produce and commit of a record take 1-3 ms: more than the 0.5 ms it
+    stays hot after sparse records, so its fetcher looped all that while (12 fetches a message on both sides,
+    measured with strace through `tierflow up`; 3.5 once it rested as it went)."""
+    p = FetchPacer(rest_after_s=0.005, sparse_rest_s=0.0005)
+    for i in range(4):
+        p.got(i * 0.020)
+        p.away(i * 0.020)
+        p.called(i * 0.020 + 0.002)  # 2 ms away with each record
+    assert p.hot_window_s() == 0.0005 and p.away_long()
+    for i in range(1, 30):  # a burst: records a millisecond apart, the same 2 ms away
+        p.got(0.1 + i * 0.001)
+        p.away(0.1 + i * 0.001)
+        p.called(0.1 + i * 0.001 + 0.002)
+    assert p.hot_window_s() == 0.005 and not p.away_long()  # the next record is likely nearer than a rest and a wake
+
+
+def test_where_every_writer_rings_a_resting_consumer_looks_only_as_a_safety_net() -> None:
+    """A tier topic: ingest and the light workers ring it after each write, so a record wakes its consumer at once;
+    looks from 4 ms up (three between two records at 50 msg/s) were a ListOffsets each on both sides for nothing."""
+    p = FetchPacer(rest_after_s=0.005, sparse_rest_s=0.0005, first_s=0.004, max_s=0.1, rung=True)
+    for i in range(5):
+        p.got(i * 0.020)
+    p.rest(0.0806)
+    assert round(p.wait_s(0.0806), 4) == 0.1
+    p.probed(0.1806)
+    assert round(p.wait_s(0.1806), 4) == 0.1  # no quarter-of-the-gap looks either
+    p.soon(0.2)  # a ring for another member's partition: the next write rings again
+    assert round(p.wait_s(0.2), 4) == 0.1
