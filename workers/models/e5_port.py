@@ -74,6 +74,8 @@ def dequantize(blocks: np.ndarray, n_in: int) -> FloatArray:
 
 @dataclass(frozen=True)
 class Config:
+    """The transformer's shape, as the packed file gives it."""
+
     hidden: int
     layers: int
     heads: int
