@@ -24,13 +24,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import re
 import struct
-import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -41,7 +38,7 @@ import onnxruntime as ort
 import torch
 
 from workers.models.common import FloatArray
-from workers.models.onnx_encoder import OnnxEncoder, open_or_export
+from workers.models.onnx_encoder import OnnxEncoder, open_or_export, trace, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +47,6 @@ _Q4 = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])  # fp16 scale + 32 nibbles (
 PREFIX = "query: "  # what the engine prepends to a query (e5's model card)
 META = "\u2581"  # SentencePiece's metaspace
 INPUTS = ("embeds", "attention_mask")
-OPSET = 17
 GRAPH = 1  # in the cached export's name: bump it when E5Graph changes, so an old export is not served
 
 
@@ -274,26 +270,15 @@ def cache_path(cache_dir: Path) -> Path:
 
 def export(weights: WeightsFile, path: Path) -> None:
     """Export E5Graph to `path` (fp32, dynamic batch and length), atomically (a temporary file renamed into place)."""
-    import importlib.util
-
-    if importlib.util.find_spec("onnx") is None:
-        raise ImportError("exporting e5 to ONNX needs the onnx package (pip install onnx)")
-    path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     graph = E5Graph(weights).eval()
-    embeds = torch.zeros(2, 5, weights.config.hidden)
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
-        out = Path(tmp) / "e5.onnx"
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                graph, (embeds, mask), str(out), dynamo=False, opset_version=OPSET, input_names=list(INPUTS),
-                output_names=["pooled"], do_constant_folding=True,
-                dynamic_axes={"embeds": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
-                              "pooled": {0: "batch"}},
-            )
-        os.replace(out, path)
+    example = (torch.zeros(2, 5, weights.config.hidden), torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
+
+    def make(tmp: Path) -> Path:
+        trace(graph, example, INPUTS, "pooled", tmp / "e5.onnx")
+        return tmp / "e5.onnx"
+
+    write_atomically(path, make)
     log.info("exported e5-small to %s in %.1f s", path, time.perf_counter() - t0)
 
 

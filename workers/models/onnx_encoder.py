@@ -43,6 +43,29 @@ def cache_path(cache_dir: Path, artifact: str, runtime: str) -> Path:
     return Path(cache_dir) / f"minilm-{artifact}-{runtime}-ort{ort.__version__}.onnx"
 
 
+def trace(graph: torch.nn.Module, example: tuple[torch.Tensor, ...], inputs: tuple[str, ...], output: str,
+          file: Path) -> None:
+    """Export `graph` (eval mode, on the CPU) to `file` by tracing it on `example`, in fp32: every input's batch and
+    token axes dynamic, and the output's batch. Raises ImportError when the `onnx` package is missing."""
+    if importlib.util.find_spec("onnx") is None:  # torch's exporter would say so only after tracing
+        raise ImportError("exporting an encoder to ONNX needs the onnx package (pip install onnx)")
+    with warnings.catch_warnings(), torch.no_grad():
+        # the tracer's notes on transformers' shape checks: they hold for every input these graphs get
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph, example, str(file), dynamo=False, opset_version=OPSET, input_names=list(inputs),
+            output_names=[output], do_constant_folding=True,
+            dynamic_axes={**{name: {0: "batch", 1: "tokens"} for name in inputs}, output: {0: "batch"}},
+        )
+
+
+def write_atomically(path: Path, make: Callable[[Path], Path]) -> None:
+    """`make(tmp)` writes a file in a temporary directory beside `path` and returns it; it is renamed to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
+        os.replace(make(Path(tmp)), path)
+
+
 def export(graph: torch.nn.Module, path: Path, runtime: str) -> None:
     """Export `graph` ((token ids, attention mask) -> sentence vectors; eval mode, on the CPU) to `path`, atomically.
 
@@ -52,32 +75,22 @@ def export(graph: torch.nn.Module, path: Path, runtime: str) -> None:
     """
     if runtime not in ("onnx", "onnx-int8"):
         raise ValueError(f"no ONNX export for runtime {runtime!r}")
-    if importlib.util.find_spec("onnx") is None:  # torch's exporter would say so only after tracing
-        raise ImportError("exporting the heavy encoder to ONNX needs the onnx package (pip install onnx)")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     # two rows of different lengths: the trace sees padding, and no axis is specialised to 1
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.long)
     mask = (ids != 0).long()
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
-        fp32 = Path(tmp) / "fp32.onnx"
-        with warnings.catch_warnings(), torch.no_grad():
-            # the tracer's notes on transformers' shape checks: they hold for every input this graph gets
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                graph, (ids, mask), str(fp32), dynamo=False, opset_version=OPSET, input_names=list(INPUTS),
-                output_names=["embedding"], do_constant_folding=True,
-                dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
-                              "embedding": {0: "batch"}},
-            )
-        out = fp32
-        if runtime == "onnx-int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            out = Path(tmp) / "int8.onnx"
-            quantize_dynamic(fp32, out, weight_type=QuantType.QInt8)
-        os.replace(out, path)
+    def make(tmp: Path) -> Path:
+        fp32 = tmp / "fp32.onnx"
+        trace(graph, (ids, mask), INPUTS, "embedding", fp32)
+        if runtime != "onnx-int8":
+            return fp32
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(fp32, tmp / "int8.onnx", weight_type=QuantType.QInt8)
+        return tmp / "int8.onnx"
+
+    write_atomically(Path(path), make)
     log.info("exported the heavy encoder for %s to %s in %.1f s", runtime, path, time.perf_counter() - t0)
 
 
