@@ -153,6 +153,7 @@ class Measured:
     accuracy: float  # correct intents / sent
     cpu_ms: float  # CPU time per answered message
     by_process: dict[str, float] = field(default_factory=dict)  # CPU ms per answered message, per process
+    broker_threads: dict[str, float] = field(default_factory=dict)  # the broker's, per thread name (Linux)
 
     @property
     def missing(self) -> int:
@@ -162,6 +163,20 @@ class Measured:
         floor = max(self.latencies_ms, default=0.0)
         return [f"> {floor:.0f}" if v is None else f"{v:.1f}"
                 for v in tail_percentiles(self.latencies_ms, self.missing)]
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process's threads by thread name, from /proc (empty where there is none)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def cpu_s(procs: Sequence[psutil.Process]) -> float:
@@ -250,18 +265,21 @@ def tierflow_run(stack: Stack, cases: Sequence[Case], n: int, rate: float | None
     reader.start()
     procs = {p.name: psutil.Process(p.popen.pid) for p in stack.procs}
     each0 = {name: cpu_s([proc]) for name, proc in procs.items()}
+    broker = procs["broker"].pid if "broker" in procs else None
+    threads0 = thread_cpu_s(broker) if broker else {}
     t0 = time.time()
     sent_at = send(s, t.requests, ids, rate, texts=texts)
     gave_up_at = reader.wait(timeout)
     each = {name: cpu_s([proc]) - each0[name] for name, proc in procs.items()}
+    threads = {name: t - threads0.get(name, 0.0) for name, t in (thread_cpu_s(broker) if broker else {}).items()}
     cpu = sum(each.values())
     reader.stop()
     run = summarize(sent_at, reader.log, t0, gave_up_at)
     by_id = {rid: cases[i % len(cases)] for i, rid in enumerate(ids)}
     ok = sum(correct(by_id[rid], a.get("intent")) for rid, a in reader.answers.items())
     per = 1000 / max(1, run.answered)
-    return (Measured(run.rate, n, run.latencies_ms, ok / n, cpu * per, {k: v * per for k, v in each.items()}),
-            reader.answers)
+    return (Measured(run.rate, n, run.latencies_ms, ok / n, cpu * per, {k: v * per for k, v in each.items()},
+                     {k: v * per for k, v in threads.items() if v > 0}), reader.answers)
 
 
 def hops(answers: dict[str, dict[str, object]]) -> str:
@@ -349,7 +367,10 @@ def report(cases: Sequence[Case], article: dict[str, tuple[Measured, Measured]],
         + hops(answers) + "\n\n"
         + f"tierflow's CPU per answer at {rate:.0f} msg/s by process (ms): "
         + ", ".join(f"{name} {ms:.1f}" for name, ms in sorted(tf_steady.by_process.items(), key=lambda kv: -kv[1]))
-        + ".\n\n" + targets(article, tf_flat, tf_steady)
+        + "." + (" The broker's by thread: " + ", ".join(
+            f"{name} {ms:.1f}" for name, ms in sorted(tf_steady.broker_threads.items(), key=lambda kv: -kv[1]))
+            + "." if tf_steady.broker_threads else "")
+        + "\n\n" + targets(article, tf_flat, tf_steady)
     )
 
 
@@ -373,10 +394,12 @@ def targets(article: dict[str, tuple[Measured, Measured]], tf_flat: Measured, tf
         "the core budget encodes every heavy message (a quarter of them) while the light tier idles on the other "
         "core; the article service's flat-out figure is one model call per message on the whole machine. CPU per "
         "answer: every message crosses four topics and three processes, each hop a produce, a fetch and a commit on "
-        "a broker that answers every fetch at once; consumers pace themselves (pipeline/core/fetch_pacing.py: "
-        "they rest soon after sparse records and look at the log's end within a quarter of their gap), yet the "
-        "broker and the agents' Kafka clients, not the models, take most of the CPU (the line above), and idle, "
-        "the whole stack's few percent of a core is part of every answer at 50 msg/s. What would close it: ingest "
+        "a broker that answers every fetch at once (consumers pace themselves, pipeline/core/fetch_pacing.py: they "
+        "rest after sparse records and while away with a batch, and the tier workers wait for their doorbell); the "
+        "embedded noida re-serialises everything its topics keep every few seconds while anything changes (its "
+        "`autosave` thread above: a cost per second while traffic flows, spread over however many answers that "
+        "second brings); and idle, the whole stack's few percent of a core is part of every answer. The models are "
+        "the smaller part (the line above). What would close it: ingest "
         "and the tiers in one process on a small machine (one consumer and one producer instead of four of each), "
         "heavy workers as many as the cores free of other work, and a broker that holds fetches (Apache Kafka "
         "honours fetch.wait.max.ms).\n"))
