@@ -108,9 +108,12 @@ class FetchPacer:
     def rest(self, now: float) -> None:
         """Rest from `now`: the first look in `first_s`, or where every writer rings (`rung`) in `max_s`."""
         self.resting = True
-        self._interval = self.max_s if self.rung else self.first_s
+        self._interval = self._first_interval()
         self._next_probe = now + self._interval
         self._recheck_at = now + self.recheck_s
+
+    def _first_interval(self) -> float:
+        return self.max_s if self.rung else self.first_s
 
     def away(self, now: float) -> None:
         """The application goes away with its records (a model's batch)."""
@@ -134,7 +137,7 @@ class FetchPacer:
         """Something may have been written (a ring for another member's partition, say): probe again from
         `first_s` (`rung`: the next write rings again)."""
         if self.resting:
-            self._interval = self.max_s if self.rung else self.first_s
+            self._interval = self._first_interval()
             self._next_probe = now + self._interval
 
     def probe_due(self, now: float) -> bool:

@@ -179,7 +179,7 @@ class E5Classifier(CalibratedClassifier):
     def embed(self, texts: Sequence[str]) -> FloatArray:
         """L2-normalised e5 query embeddings on the served runtime, one row per text."""
         if self._port is not None:
-            return self._port.embed(texts) if texts else np.zeros((0, self._port.dim), dtype=np.float32)
+            return self._port.embed(texts)
         return embed(texts, self.threads)
 
     def logits(self, texts: Sequence[str]) -> FloatArray:
